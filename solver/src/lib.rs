@@ -1,0 +1,217 @@
+//! windfall-solver: the placement model of model.md as a pure library.
+//!
+//! Plain data in (an [`Instance`]), a [`Plan`] and its [`Metrics`] out. The crate owns the instance
+//! and plan formats, the exact MILP (good_lp + HiGHS), the constructive heuristic, the run-now
+//! baseline and the independent validator.
+//!
+//! **Invariant:** no I/O, no clock, no async. Callers read files, time the solve and fill in
+//! `Metrics::solve_seconds`. HiGHS keeps its own time limit inside the C++ library.
+//!
+//! # Layout
+//! - `instance`: parsing and checking the instance format;
+//! - `plan`: plan and metrics formats;
+//! - `problem`: the indexed view, internal schedules and the accounting rules;
+//! - `heuristic`: run-now baseline and the constructive heuristic;
+//! - `milp`: the exact MILP;
+//! - `validate`: the independent oracle.
+
+mod heuristic;
+pub mod instance;
+mod milp;
+pub mod plan;
+mod problem;
+pub mod validate;
+
+pub use instance::{CarbonSignal, GpuModel, Instance, InstanceError, Job, Params, Site, UtcTime};
+pub use plan::{Assignment, Infeasible, Metrics, Migration, Plan};
+pub use validate::{SiteSeries, Validation, validate};
+
+use problem::Problem;
+
+/// Which algorithm `solve` may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// The heuristic, then the exact MILP started from it within the time limit.
+    #[default]
+    Auto,
+    /// The constructive heuristic alone.
+    Heuristic,
+}
+
+/// How hard to try.
+#[derive(Clone, Debug)]
+pub struct SolveOptions {
+    /// Wall-time budget for the MILP, seconds.
+    pub time_limit_s: f64,
+    /// Relative gap at which the MILP stops as optimal.
+    pub mip_rel_gap: f64,
+    /// Algorithm choice.
+    pub method: Method,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        SolveOptions {
+            time_limit_s: 30.0,
+            mip_rel_gap: 1e-4,
+            method: Method::Auto,
+        }
+    }
+}
+
+/// A plan with its metrics.
+#[derive(Clone, Debug)]
+pub struct Solution {
+    /// The plan in the public format.
+    pub plan: Plan,
+    /// Its metrics (`solve_seconds` is left at 0 for the caller to fill in).
+    pub metrics: Metrics,
+}
+
+/// Plans an instance. Jobs that cannot be served are reported by id with a reason and the rest
+/// are still planned. Deterministic: the same instance and options give the same plan, unless the
+/// MILP stops on its time limit.
+pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
+    let problem = Problem::new(instance);
+    let n_jobs = problem.jobs.len();
+    let mut infeasible: Vec<Infeasible> = Vec::new();
+    let mut skip = vec![false; n_jobs];
+    for (job, skipped) in skip.iter_mut().enumerate() {
+        if let Some(reason) = heuristic::alone_infeasibility(&problem, job) {
+            infeasible.push(reason);
+            *skipped = true;
+        }
+    }
+
+    let (heuristic_schedule, heuristic_failed) = heuristic::construct(&problem, &skip);
+    let mut chosen = heuristic_schedule.clone();
+    let mut unserved: Vec<(usize, String)> = heuristic_failed.clone();
+    let mut method = "heuristic".to_string();
+    let mut proven_optimal = false;
+    let mut milp_bound: Option<f64> = None;
+
+    if options.method == Method::Auto {
+        let include: Vec<bool> = skip.iter().map(|s| !s).collect();
+        let config = milp::MilpConfig {
+            time_limit_s: options.time_limit_s,
+            mip_rel_gap: options.mip_rel_gap,
+            relax: false,
+            soft_work: true,
+        };
+        match milp::solve(&problem, &include, Some(&heuristic_schedule), &config) {
+            Ok(outcome) => {
+                milp_bound = outcome.lower_bound_g;
+                if let Some(schedule) = outcome.schedule {
+                    let candidate_unserved: Vec<(usize, String)> = outcome
+                        .unserved
+                        .iter()
+                        .map(|&j| (j, "cannot be fitted alongside the other jobs: the GPUs or grid headroom it needs before its deadline are taken".to_string()))
+                        .collect();
+                    let candidate_plan = problem.to_plan(&schedule, &[]);
+                    let candidate_plan = Plan {
+                        unplanned: candidate_unserved
+                            .iter()
+                            .map(|(j, r)| Infeasible {
+                                job: instance.jobs[*j].id.clone(),
+                                reason: r.clone(),
+                            })
+                            .collect(),
+                        ..candidate_plan
+                    };
+                    // The MILP answer must pass the independent validator before it is used.
+                    if validate(instance, &candidate_plan).valid {
+                        proven_optimal = outcome.proven_optimal;
+                        method = if outcome.proven_optimal {
+                            "milp".to_string()
+                        } else if schedule == heuristic_schedule {
+                            "heuristic (the MILP found nothing better within the time limit)"
+                                .to_string()
+                        } else {
+                            "milp (time limit; best plan found)".to_string()
+                        };
+                        chosen = schedule;
+                        unserved = candidate_unserved;
+                    } else {
+                        method = "heuristic (the MILP plan failed validation)".to_string();
+                    }
+                } else {
+                    method = "heuristic (the MILP found no plan within the time limit)".to_string();
+                }
+            }
+            Err(err) => method = format!("heuristic (MILP: {err})"),
+        }
+    }
+
+    for (job, reason) in &unserved {
+        chosen.runs[*job] = None;
+        infeasible.push(Infeasible {
+            job: instance.jobs[*job].id.clone(),
+            reason: reason.clone(),
+        });
+    }
+    infeasible.sort_by(|a, b| a.job.cmp(&b.job));
+    let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+    let evaluation = problem.evaluate(&chosen);
+
+    // Lower bound over plans serving the same jobs: the MILP's dual bound when it covered exactly
+    // those jobs, else the LP relaxation over them.
+    let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
+    let mut lower_bound_g = match (milp_bound, all_included_served) {
+        (Some(bound), true) => Some(bound),
+        _ => None,
+    };
+    if lower_bound_g.is_none() {
+        let config = milp::MilpConfig {
+            time_limit_s: options.time_limit_s.max(1.0),
+            mip_rel_gap: options.mip_rel_gap,
+            relax: true,
+            soft_work: false,
+        };
+        lower_bound_g = milp::solve(&problem, &served, None, &config)
+            .ok()
+            .and_then(|o| o.lower_bound_g);
+    }
+    let objective_g = evaluation.objective_g;
+    let lower_bound_g = lower_bound_g.unwrap_or(0.0).clamp(0.0, objective_g);
+    let gap = if objective_g > 0.0 {
+        (objective_g - lower_bound_g) / objective_g
+    } else {
+        0.0
+    };
+
+    let not_served: Vec<bool> = served.iter().map(|s| !s).collect();
+    let baseline = problem.evaluate(&heuristic::run_now(&problem, &not_served));
+    let plan = problem.to_plan(&chosen, &infeasible);
+    let status = if !infeasible.is_empty() {
+        "partial"
+    } else if proven_optimal {
+        "optimal"
+    } else {
+        "feasible"
+    };
+    let metrics = Metrics {
+        status: status.to_string(),
+        emissions_g: evaluation.emissions_g,
+        lower_bound_g,
+        gap,
+        objective_g,
+        baseline_emissions_g: baseline.emissions_g,
+        grid_energy_kwh: evaluation.grid_energy_kwh,
+        surplus_used_kwh: evaluation.surplus_used_kwh,
+        surplus_available_kwh: problem.surplus_available_kwh(),
+        migrations: evaluation.migrations.len(),
+        infeasible_jobs: infeasible,
+        solve_seconds: 0.0,
+        method,
+    };
+    Solution { plan, metrics }
+}
+
+/// Emissions of the run-now baseline for every job of an instance, g CO2e.
+pub fn baseline_emissions_g(instance: &Instance) -> f64 {
+    let problem = Problem::new(instance);
+    let skip = vec![false; problem.jobs.len()];
+    problem
+        .evaluate(&heuristic::run_now(&problem, &skip))
+        .emissions_g
+}

@@ -1,0 +1,464 @@
+//! The exact time-indexed MILP of model.md, built with good_lp and solved by HiGHS.
+//!
+//! Owns the formulation (placement, locations, migrations with the feasibility domain, work with
+//! transfer losses, capacity, power balance, grid limits) and the reading of HiGHS's answer and
+//! dual bound. It is exact on small instances; large ones need the heuristic's start and a time
+//! limit. It must not perform I/O or read the clock.
+
+use std::collections::BTreeMap;
+
+use good_lp::{Expression, ProblemVariables, SolverModel, Variable, VariableDefinition, variable};
+
+use crate::problem::{Problem, Schedule, Slot};
+
+/// Tie-break weight per slot index and run, g: prefers earlier completion among equal plans.
+const EARLINESS_G: f64 = 1e-7;
+
+/// HiGHS settings for one solve.
+#[derive(Clone, Debug)]
+pub(crate) struct MilpConfig {
+    pub time_limit_s: f64,
+    pub mip_rel_gap: f64,
+    /// Solve the LP relaxation instead of the MILP.
+    pub relax: bool,
+    /// Allow unserved work at a high penalty, so one impossible job does not sink the plan.
+    pub soft_work: bool,
+}
+
+/// What HiGHS returned.
+pub(crate) struct MilpOutcome {
+    /// The schedule read from the incumbent, if HiGHS has one.
+    pub schedule: Option<Schedule>,
+    /// Jobs whose work the incumbent leaves unserved.
+    pub unserved: Vec<usize>,
+    /// Whether HiGHS proved the incumbent optimal within the gap.
+    pub proven_optimal: bool,
+    /// A lower bound on the objective of every plan serving all included jobs, g.
+    pub lower_bound_g: Option<f64>,
+}
+
+struct Builder {
+    vars: ProblemVariables,
+    warm: Vec<f64>,
+    constraints: Vec<good_lp::Constraint>,
+    objective: Expression,
+}
+
+impl Builder {
+    fn add(&mut self, def: VariableDefinition, warm: f64) -> Variable {
+        self.warm.push(warm);
+        self.vars.add(def)
+    }
+}
+
+/// Per included job: its x variables keyed by (slot, pool, level).
+type JobVars = BTreeMap<(usize, usize, usize), usize>;
+
+/// Builds and solves the model over the jobs with `include[j]`, starting from `warm` if given.
+pub(crate) fn solve(
+    problem: &Problem,
+    include: &[bool],
+    warm: Option<&Schedule>,
+    config: &MilpConfig,
+) -> Result<MilpOutcome, String> {
+    let n_sites = problem.inst.sites.len();
+    let h = problem.slot_h;
+    let mut b = Builder {
+        vars: ProblemVariables::new(),
+        warm: Vec::new(),
+        constraints: Vec::new(),
+        objective: Expression::from(0.0),
+    };
+    let binary = |relax: bool| {
+        if relax {
+            variable().min(0.0).max(1.0)
+        } else {
+            variable().binary()
+        }
+    };
+    let warm_runs =
+        |job: usize| -> Vec<Slot> { warm.and_then(|w| w.runs[job].clone()).unwrap_or_default() };
+    // Site load per slot beyond idle, and the warm start's load, for the power balance.
+    let mut load: Vec<Vec<Expression>> =
+        vec![vec![Expression::from(0.0); problem.n_slots]; n_sites];
+    let mut warm_load: Vec<Vec<f64>> = (0..n_sites)
+        .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
+        .collect();
+    // GPUs used per pool and slot.
+    let mut used: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
+    let mut x_vars: Vec<JobVars> = vec![JobVars::new(); problem.jobs.len()];
+    // Column positions of the variables the solution is read from.
+    let mut slack_vars: Vec<Option<usize>> = vec![None; problem.jobs.len()];
+    let mut earliness_max_g = 0.0;
+    let max_cost = (0..n_sites)
+        .flat_map(|s| (0..problem.n_slots).map(move |t| (s, t)))
+        .map(|(s, t)| problem.grid_cost_g_per_kwh(s, t))
+        .fold(0.0, f64::max);
+
+    for job in 0..problem.jobs.len() {
+        if !include[job] {
+            continue;
+        }
+        let view = &problem.jobs[job];
+        let runs = warm_runs(job);
+        let warm_at = |slot: usize| runs.iter().find(|r| r.slot == slot).copied();
+        let mut pools = view.pools.clone();
+        if let Some(current) = view.current_site
+            && !view.migratable
+        {
+            pools.retain(|&p| problem.pools[p].site == current);
+        }
+        let mut run_sites: Vec<usize> = pools.iter().map(|&p| problem.pools[p].site).collect();
+        run_sites.sort_unstable();
+        run_sites.dedup();
+        let mut loc_sites = run_sites.clone();
+        if let Some(current) = view.current_site
+            && !loc_sites.contains(&current)
+        {
+            loc_sites.push(current);
+            loc_sites.sort_unstable();
+        }
+
+        // Placement, work and capacity.
+        let mut work = Expression::from(0.0);
+        // run[site][slot] and speed-weighted run (work per wall hour) per site and slot.
+        let mut run_expr: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
+        let mut speed_expr: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
+        for slot in view.window.clone() {
+            let mut one_place = Expression::from(0.0);
+            for &pool in &pools {
+                let site = problem.pools[pool].site;
+                for level in 0..problem.pools[pool].levels_w.len() {
+                    let on = warm_at(slot) == Some(Slot { slot, pool, level });
+                    let x = b.add(binary(config.relax), if on { 1.0 } else { 0.0 });
+                    x_vars[job].insert((slot, pool, level), b.warm.len() - 1);
+                    one_place += x;
+                    work += problem.slot_work_h(pool, level) * x;
+                    *run_expr.entry((site, slot)).or_default() += x;
+                    *speed_expr.entry((site, slot)).or_default() +=
+                        (problem.pools[pool].speed * problem.pools[pool].throughput[level]) * x;
+                    *used.entry((pool, slot)).or_default() += f64::from(view.gpus) * x;
+                    let add_kw = problem.run_load_kw(job, pool, level);
+                    load[site][slot] += add_kw * x;
+                    if on {
+                        warm_load[site][slot] += add_kw;
+                    }
+                    let tie = EARLINESS_G * slot as f64;
+                    b.objective += tie * x;
+                    earliness_max_g += tie;
+                }
+            }
+            b.constraints.push(one_place.leq(1.0));
+        }
+
+        // Locations and migrations: only when the job could be at two or more sites.
+        let warm_sites: Vec<Option<usize>> = view
+            .window
+            .clone()
+            .map(|slot| warm_at(slot).map(|r| problem.pools[r.pool].site))
+            .collect();
+        let mut warm_loc: Vec<usize> = Vec::new(); // index 0 = before the window
+        {
+            let first_site = warm_sites.iter().flatten().next().copied();
+            let mut here = view.current_site.or(first_site).unwrap_or(loc_sites[0]);
+            warm_loc.push(here);
+            for s in &warm_sites {
+                if let Some(s) = s {
+                    here = *s;
+                }
+                warm_loc.push(here);
+            }
+        }
+        if loc_sites.len() >= 2 {
+            let start = view.window.start;
+            let n = view.window.len() + 1;
+            let mut loc: BTreeMap<(usize, usize), Variable> = BTreeMap::new(); // (site, idx)
+            for idx in 0..n {
+                let mut total = Expression::from(0.0);
+                for &site in &loc_sites {
+                    let warm_value = if warm_loc[idx] == site { 1.0 } else { 0.0 };
+                    let def = if idx == 0 && view.current_site.is_some() {
+                        let fixed = if view.current_site == Some(site) {
+                            1.0
+                        } else {
+                            0.0
+                        };
+                        variable().min(fixed).max(fixed)
+                    } else {
+                        binary(config.relax)
+                    };
+                    let v = b.add(def, warm_value);
+                    loc.insert((site, idx), v);
+                    total += v;
+                }
+                b.constraints.push(total.eq(1.0));
+            }
+            let run_at = |site: usize, slot: usize| -> Expression {
+                run_expr.get(&(site, slot)).cloned().unwrap_or_default()
+            };
+            for idx in 1..n {
+                let slot = start + idx - 1;
+                for &site in &loc_sites {
+                    let here = loc[&(site, idx)];
+                    let before = loc[&(site, idx - 1)];
+                    b.constraints.push(run_at(site, slot).leq(here));
+                    if view.migratable {
+                        b.constraints.push((here - before).leq(run_at(site, slot)));
+                    } else {
+                        b.constraints.push((here - before).eq(0.0));
+                    }
+                }
+            }
+            if view.migratable {
+                let mut obligation_vars: BTreeMap<(usize, usize), Variable> = BTreeMap::new();
+                let max_speed = |site: usize| {
+                    pools
+                        .iter()
+                        .filter(|&&p| problem.pools[p].site == site)
+                        .map(|&p| problem.pools[p].speed)
+                        .fold(0.0, f64::max)
+                };
+                for idx in 1..n {
+                    let slot = start + idx - 1;
+                    for &from in &loc_sites {
+                        for &to in &run_sites {
+                            if from == to {
+                                continue;
+                            }
+                            let min_window = problem.min_window_slots(job, from, to);
+                            let leave = loc[&(from, idx - 1)];
+                            let arrive = loc[&(to, idx)];
+                            if slot + min_window > view.window.end {
+                                b.constraints.push((leave + arrive).leq(1.0));
+                                continue;
+                            }
+                            let warm_m = if warm_loc[idx - 1] == from && warm_loc[idx] == to {
+                                1.0
+                            } else {
+                                0.0
+                            };
+                            let m = b.add(variable().min(0.0).max(1.0), warm_m);
+                            b.constraints.push((leave + arrive - m).leq(1.0));
+                            b.objective += problem.inst.params.migration_penalty_g * m;
+                            let kw = problem.transfer_kwh(job) / h;
+                            load[from][slot] += kw * m;
+                            load[to][slot] += kw * m;
+                            if warm_m > 0.0 {
+                                warm_load[from][slot] += kw;
+                                warm_load[to][slot] += kw;
+                            }
+                            // Work lost while the checkpoint moves, in wall time from the slot start.
+                            let transfer_h = problem.transfer_s(job, from, to) / 3600.0;
+                            let top = max_speed(to);
+                            let mut i = 0;
+                            while transfer_h - i as f64 * h > 0.0 && slot + i < view.window.end {
+                                let lost_h = (transfer_h - i as f64 * h).min(h);
+                                let speed_here =
+                                    speed_expr.get(&(to, slot + i)).cloned().unwrap_or_default();
+                                let warm_loss = if warm_m > 0.0 {
+                                    warm_at(slot + i)
+                                        .filter(|r| problem.pools[r.pool].site == to)
+                                        .map_or(0.0, |r| {
+                                            lost_h
+                                                * problem.pools[r.pool].speed
+                                                * problem.pools[r.pool].throughput[r.level]
+                                        })
+                                } else {
+                                    0.0
+                                };
+                                let loss = b.add(variable().min(0.0), warm_loss);
+                                // loss >= lost_h * speed_here - lost_h * top * (1 - m)
+                                b.constraints.push(
+                                    (lost_h * speed_here + (lost_h * top) * m - loss)
+                                        .leq(lost_h * top),
+                                );
+                                work -= loss;
+                                i += 1;
+                            }
+                            // Feasibility domain: stay at least `min_window` slots and run there at
+                            // or after the window's last slot before leaving.
+                            if min_window >= 2 {
+                                for k in 1..min_window {
+                                    b.constraints
+                                        .push(Expression::from(m).leq(loc[&(to, idx + k)]));
+                                }
+                                let due = slot + min_window - 1;
+                                let o = *obligation_vars.entry((to, due)).or_insert_with(|| {
+                                    b.warm.push(0.0);
+                                    b.vars.add(variable().min(0.0).max(1.0))
+                                });
+                                b.constraints.push(Expression::from(m).leq(o));
+                            }
+                        }
+                    }
+                }
+                // Obligations carry forward until the job runs at the site, and never outlive it.
+                let sites_with_due: Vec<usize> = {
+                    let mut s: Vec<usize> = obligation_vars.keys().map(|&(site, _)| site).collect();
+                    s.dedup();
+                    s
+                };
+                for site in sites_with_due {
+                    let mut carried: Option<Variable> = None;
+                    for slot in view.window.clone() {
+                        let created = obligation_vars.get(&(site, slot)).copied();
+                        let pending = match (carried, created) {
+                            (None, None) => None,
+                            _ => {
+                                let o = b.add(variable().min(0.0).max(1.0), 0.0);
+                                if let Some(c) = created {
+                                    b.constraints.push(Expression::from(c).leq(o));
+                                }
+                                if let Some(prev) = carried {
+                                    b.constraints.push((prev - run_at(site, slot - 1)).leq(o));
+                                }
+                                b.constraints
+                                    .push(Expression::from(o).leq(loc[&(site, slot - start + 1)]));
+                                Some(o)
+                            }
+                        };
+                        carried = pending;
+                    }
+                    if let Some(last) = carried {
+                        b.constraints
+                            .push(Expression::from(last).leq(run_at(site, view.window.end - 1)));
+                    }
+                }
+            }
+        }
+
+        if config.soft_work {
+            let max_thr_speed = pools
+                .iter()
+                .map(|&p| {
+                    problem.pools[p].speed
+                        * problem.pools[p].throughput.last().copied().unwrap_or(1.0)
+                })
+                .fold(f64::INFINITY, f64::min)
+                .max(1e-3);
+            let max_kw = pools
+                .iter()
+                .map(|&p| {
+                    problem.run_load_kw(job, p, 0) + problem.idle_load_kw[problem.pools[p].site]
+                })
+                .fold(0.0, f64::max);
+            let penalty = 10.0 * (max_cost + 1.0) * max_kw / max_thr_speed + 1000.0;
+            let warm_slack = if warm.and_then(|w| w.runs[job].as_ref()).is_some() {
+                0.0
+            } else {
+                view.work_hours
+            };
+            let slack = b.add(variable().min(0.0).max(view.work_hours), warm_slack);
+            b.objective += penalty * slack;
+            work += slack;
+            slack_vars[job] = Some(b.warm.len() - 1);
+        }
+        b.constraints.push(work.geq(view.work_hours));
+    }
+
+    // Capacity.
+    for (&(pool, _slot), expr) in &used {
+        b.constraints
+            .push(expr.clone().leq(f64::from(problem.pools[pool].gpus)));
+    }
+    // Power balance and grid limits: e >= idle + load - surplus, 0 <= e <= limit.
+    for site in 0..n_sites {
+        let spec = &problem.inst.sites[site];
+        for slot in 0..problem.n_slots {
+            let base = problem.idle_load_kw[site] - spec.surplus_kw[slot];
+            let warm_e = (warm_load[site][slot] - spec.surplus_kw[slot]).max(0.0);
+            let mut def = variable().min(0.0);
+            if let Some(limit) = spec.grid_limit_kw {
+                def = def.max(limit.max(base.max(0.0)));
+            }
+            let e = b.add(def, warm_e);
+            b.objective += (h * problem.grid_cost_g_per_kwh(site, slot)) * e;
+            let load_expr = std::mem::take(&mut load[site][slot]);
+            b.constraints.push((load_expr - e).leq(-base));
+        }
+    }
+
+    let Builder {
+        vars,
+        warm: warm_values,
+        constraints,
+        objective,
+    } = b;
+    let mut highs_problem = vars
+        .minimise(objective)
+        .using(good_lp::solvers::highs::highs);
+    for c in constraints {
+        highs_problem.add_constraint(c);
+    }
+    let mut model = highs_problem.into_inner();
+    model.make_quiet();
+    model.set_option("time_limit", config.time_limit_s.max(0.01));
+    model.set_option("mip_rel_gap", config.mip_rel_gap);
+    model.set_option("threads", 1);
+    model.set_option("random_seed", 0);
+    if warm.is_some() && !config.relax {
+        model.set_solution(Some(&warm_values), None, None, None);
+    }
+    let solved = model
+        .try_solve()
+        .map_err(|e| format!("HiGHS failed: {e:?}"))?;
+    use highs::HighsModelStatus as S;
+    let status = solved.status();
+    let has_solution = matches!(
+        solved.primal_solution_status(),
+        highs::HighsSolutionStatus::Feasible
+    );
+    let proven_optimal = matches!(status, S::Optimal);
+    let lower_bound_g = if config.relax {
+        proven_optimal.then(|| solved.objective_value() - earliness_max_g)
+    } else {
+        solved
+            .double_info_value(c"mip_dual_bound")
+            .ok()
+            .filter(|v| v.is_finite())
+            .map(|v| v - earliness_max_g)
+    };
+    if matches!(status, S::Infeasible | S::UnboundedOrInfeasible) {
+        return Err(
+            "the model has no feasible plan (a site's idle load may exceed its grid limit)".into(),
+        );
+    }
+    if !has_solution || config.relax {
+        return Ok(MilpOutcome {
+            schedule: None,
+            unserved: Vec::new(),
+            proven_optimal: false,
+            lower_bound_g,
+        });
+    }
+    let values = solved.get_solution();
+    let columns = values.columns();
+    // good_lp creates one HiGHS column per variable, in creation order, which `Builder::add`
+    // mirrors in `warm`; the recorded positions index the solution.
+    let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
+    let mut unserved = Vec::new();
+    for job in 0..problem.jobs.len() {
+        if !include[job] {
+            continue;
+        }
+        if let Some(slack) = slack_vars[job]
+            && columns[slack] > 1e-6
+        {
+            unserved.push(job);
+            continue;
+        }
+        let mut slots: Vec<Slot> = x_vars[job]
+            .iter()
+            .filter(|(_, v)| columns[**v] > 0.5)
+            .map(|(&(slot, pool, level), _)| Slot { slot, pool, level })
+            .collect();
+        slots.sort();
+        runs[job] = Some(slots);
+    }
+    Ok(MilpOutcome {
+        schedule: Some(Schedule { runs }),
+        unserved,
+        proven_optimal,
+        lower_bound_g,
+    })
+}

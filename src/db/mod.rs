@@ -1,0 +1,694 @@
+//! Persistence: one [`Store`] over sqlx's Any driver, serving SQLite (the embedded default) and
+//! PostgreSQL (production) with the same queries.
+//!
+//! Owns all SQL, schema migrations (`migrations/sqlite`, `migrations/postgres`, applied on
+//! connect) and the mapping between rows and model types. Nothing outside this module writes SQL.
+//! **Invariant:** a plan and the job states it implies are written in one transaction, so a crash
+//! leaves the previous plan current.
+//!
+//! Rationale for the column types: the Any driver decodes neither timestamps nor booleans on both
+//! backends, so times are RFC 3339 text and flags are 0/1 integers.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use windfall_forecasts::ForecastPoint;
+
+use crate::model::{
+    GpuModel, JobRecord, JobState, Metrics, NewPlan, PlanRecord, SignalProvenance, SiteConfig,
+};
+use windfall_solver::{Assignment, Migration, Plan};
+
+/// Which database a store talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// SQLite file (embedded default).
+    Sqlite,
+    /// PostgreSQL server.
+    Postgres,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no supported database.
+    #[error("unsupported database URL `{0}`: use sqlite://PATH or postgres://...")]
+    UnsupportedUrl(String),
+    /// The database refused or failed an operation.
+    #[error("database error while {action}: {source}")]
+    Database {
+        /// What the store was doing.
+        action: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Applying schema migrations failed.
+    #[error("applying schema migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A record with this key exists already.
+    #[error("{0} already exists")]
+    Conflict(String),
+    /// A record refers to a site that does not exist.
+    #[error("{context}: unknown site `{site}` (create the site first)")]
+    UnknownSite {
+        /// The site id.
+        site: String,
+        /// What referred to it.
+        context: String,
+    },
+    /// A stored value cannot be read back.
+    #[error("stored {what} is unreadable: {message}")]
+    Corrupt {
+        /// Which value.
+        what: String,
+        /// Why.
+        message: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+fn db(action: impl Into<String>) -> impl FnOnce(sqlx::Error) -> StoreError {
+    let action = action.into();
+    move |source| StoreError::Database { action, source }
+}
+
+fn corrupt(what: &str, message: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        what: what.to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn time_text(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn parse_time(what: &str, text: &str) -> Result<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| corrupt(what, e))
+}
+
+/// The planner's database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+/// One stored forecast value set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForecastRow {
+    /// Start of the interval.
+    pub time_utc: DateTime<Utc>,
+    /// Issue time.
+    pub issued_utc: DateTime<Utc>,
+    /// Source label (file name or provider).
+    pub source: String,
+    /// Surplus power, kW.
+    pub surplus_kw: Option<f64>,
+    /// Carbon intensity, g/kWh.
+    pub carbon_g_per_kwh: Option<f64>,
+    /// `average` or `marginal`.
+    pub carbon_signal: String,
+    /// Price, USD/MWh.
+    pub price_usd_per_mwh: Option<f64>,
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://PATH` creates the file; `postgres://...`) and applies the
+    /// schema migrations.
+    pub async fn connect(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let (backend, url) = if let Some(rest) = url.strip_prefix("sqlite:") {
+            let url = if rest.contains("mode=") {
+                url.to_string()
+            } else if rest.contains('?') {
+                format!("{url}&mode=rwc")
+            } else {
+                format!("{url}?mode=rwc")
+            };
+            (Backend::Sqlite, url)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Backend::Postgres, url.to_string())
+        } else {
+            return Err(StoreError::UnsupportedUrl(url.to_string()));
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 1 } else { 5 })
+            .connect(&url)
+            .await
+            .map_err(db(format!("connecting to {}", redact(&url))))?;
+        let store = Store { pool, backend };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        match self.backend {
+            Backend::Sqlite => {
+                sqlx::query("PRAGMA foreign_keys = ON")
+                    .execute(&self.pool)
+                    .await
+                    .map_err(db("enabling foreign keys"))?;
+                sqlx::migrate!("./migrations/sqlite")
+                    .run(&self.pool)
+                    .await?
+            }
+            Backend::Postgres => {
+                sqlx::migrate!("./migrations/postgres")
+                    .run(&self.pool)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes the pool, waiting for connections to finish.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Inserts or replaces a GPU model.
+    pub async fn upsert_gpu_model(&self, name: &str, model: &GpuModel) -> Result<()> {
+        let spec = serde_json::to_string(model).map_err(|e| corrupt("gpu model", e))?;
+        sqlx::query(
+            "INSERT INTO gpu_models (name, spec_json) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET spec_json = excluded.spec_json",
+        )
+        .bind(name)
+        .bind(spec)
+        .execute(&self.pool)
+        .await
+        .map_err(db(format!("saving GPU model {name}")))?;
+        Ok(())
+    }
+
+    /// All GPU models by name.
+    pub async fn gpu_models(&self) -> Result<BTreeMap<String, GpuModel>> {
+        let rows = sqlx::query("SELECT name, spec_json FROM gpu_models ORDER BY name")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("reading GPU models"))?;
+        rows.iter()
+            .map(|row| {
+                let name: String = row.get(0);
+                let spec: String = row.get(1);
+                let model = serde_json::from_str(&spec)
+                    .map_err(|e| corrupt(&format!("GPU model {name}"), e))?;
+                Ok((name, model))
+            })
+            .collect()
+    }
+
+    /// Inserts or updates a site.
+    pub async fn upsert_site(&self, site: &SiteConfig, now: DateTime<Utc>) -> Result<()> {
+        let gpus = serde_json::to_string(&site.gpus).map_err(|e| corrupt("site gpus", e))?;
+        sqlx::query(
+            "INSERT INTO sites (id, zone, gpus_json, pue, grid_limit_kw, wan_gbps, updated_utc)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (id) DO UPDATE SET zone = excluded.zone, gpus_json = excluded.gpus_json,
+               pue = excluded.pue, grid_limit_kw = excluded.grid_limit_kw,
+               wan_gbps = excluded.wan_gbps, updated_utc = excluded.updated_utc",
+        )
+        .bind(&site.id)
+        .bind(site.zone.clone())
+        .bind(gpus)
+        .bind(site.pue)
+        .bind(site.grid_limit_kw)
+        .bind(site.wan_gbps)
+        .bind(time_text(now))
+        .execute(&self.pool)
+        .await
+        .map_err(db(format!("saving site {}", site.id)))?;
+        Ok(())
+    }
+
+    /// All sites, by id.
+    pub async fn sites(&self) -> Result<Vec<SiteConfig>> {
+        let rows = sqlx::query(
+            "SELECT id, zone, gpus_json, pue, grid_limit_kw, wan_gbps FROM sites ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("reading sites"))?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.get(0);
+                let gpus: String = row.get(2);
+                Ok(SiteConfig {
+                    gpus: serde_json::from_str(&gpus)
+                        .map_err(|e| corrupt(&format!("site {id} gpus"), e))?,
+                    zone: row.get(1),
+                    pue: row.get(3),
+                    grid_limit_kw: row.get(4),
+                    wan_gbps: row.get(5),
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    /// Inserts or replaces a bandwidth override.
+    pub async fn upsert_link(&self, from: &str, to: &str, gbps: f64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO links (from_site, to_site, gbps) VALUES ($1, $2, $3)
+             ON CONFLICT (from_site, to_site) DO UPDATE SET gbps = excluded.gbps",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(gbps)
+        .execute(&self.pool)
+        .await
+        .map_err(db(format!("saving link {from} -> {to}")))?;
+        Ok(())
+    }
+
+    /// All bandwidth overrides: from -> to -> Gbit/s.
+    pub async fn links(&self) -> Result<BTreeMap<String, BTreeMap<String, f64>>> {
+        let rows =
+            sqlx::query("SELECT from_site, to_site, gbps FROM links ORDER BY from_site, to_site")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db("reading links"))?;
+        let mut links: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+        for row in rows {
+            links
+                .entry(row.get(0))
+                .or_default()
+                .insert(row.get(1), row.get(2));
+        }
+        Ok(links)
+    }
+
+    /// Stores forecast points from one source in one transaction; returns how many were written.
+    /// A point for an unknown site fails the whole batch, naming the site.
+    pub async fn insert_forecasts(&self, source: &str, points: &[ForecastPoint]) -> Result<usize> {
+        let known: Vec<String> = self.sites().await?.into_iter().map(|s| s.id).collect();
+        if let Some(p) = points.iter().find(|p| !known.contains(&p.site)) {
+            return Err(StoreError::UnknownSite {
+                site: p.site.clone(),
+                context: format!("forecast from {source} for {}", time_text(p.time_utc)),
+            });
+        }
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        for p in points {
+            sqlx::query(
+                "INSERT INTO forecasts (site_id, time_utc, issued_utc, source, surplus_kw,
+                   carbon_g_per_kwh, carbon_signal, price_usd_per_mwh)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (site_id, time_utc, issued_utc, source) DO UPDATE SET
+                   surplus_kw = excluded.surplus_kw, carbon_g_per_kwh = excluded.carbon_g_per_kwh,
+                   carbon_signal = excluded.carbon_signal,
+                   price_usd_per_mwh = excluded.price_usd_per_mwh",
+            )
+            .bind(&p.site)
+            .bind(time_text(p.time_utc))
+            .bind(time_text(p.issued_utc))
+            .bind(source)
+            .bind(p.surplus_kw)
+            .bind(p.carbon_g_per_kwh)
+            .bind(p.carbon_signal.as_str())
+            .bind(p.price_usd_per_mwh)
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("saving forecasts from {source}")))?;
+        }
+        tx.commit().await.map_err(db("committing forecasts"))?;
+        Ok(points.len())
+    }
+
+    /// For each time in `[from, to)`, the newest value issued at or before `as_of`.
+    pub async fn forecast_window(
+        &self,
+        site: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        as_of: DateTime<Utc>,
+    ) -> Result<Vec<ForecastRow>> {
+        let rows = sqlx::query(
+            "SELECT time_utc, issued_utc, source, surplus_kw, carbon_g_per_kwh, carbon_signal,
+                    price_usd_per_mwh
+             FROM forecasts
+             WHERE site_id = $1 AND time_utc >= $2 AND time_utc < $3 AND issued_utc <= $4
+             ORDER BY time_utc, issued_utc DESC, source",
+        )
+        .bind(site)
+        .bind(time_text(from))
+        .bind(time_text(to))
+        .bind(time_text(as_of))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db(format!("reading forecasts for {site}")))?;
+        let mut out: Vec<ForecastRow> = Vec::new();
+        for row in rows {
+            let time_utc = parse_time("forecast time", &row.get::<String, _>(0))?;
+            if out.last().is_some_and(|r| r.time_utc == time_utc) {
+                continue; // an older issue of the same time
+            }
+            out.push(ForecastRow {
+                time_utc,
+                issued_utc: parse_time("forecast issue time", &row.get::<String, _>(1))?,
+                source: row.get(2),
+                surplus_kw: row.get(3),
+                carbon_g_per_kwh: row.get(4),
+                carbon_signal: row.get(5),
+                price_usd_per_mwh: row.get(6),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Inserts a new job; an existing id is a conflict.
+    pub async fn insert_job(&self, job: &JobRecord) -> Result<()> {
+        let result = sqlx::query(
+            "INSERT INTO jobs (id, state, gpus, gpu_models, work_hours, release_utc, deadline_utc,
+               checkpoint_gb, save_s, restore_s, migratable, home_site, current_site, state_reason,
+               submitted_utc)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        )
+        .bind(&job.id)
+        .bind(job.state.as_str())
+        .bind(i64::from(job.gpus))
+        .bind(job.gpu_models.join("|"))
+        .bind(job.work_hours)
+        .bind(time_text(job.release_utc))
+        .bind(time_text(job.deadline_utc))
+        .bind(job.checkpoint_gb)
+        .bind(job.save_s)
+        .bind(job.restore_s)
+        .bind(i64::from(job.migratable))
+        .bind(&job.home_site)
+        .bind(job.current_site.clone())
+        .bind(job.state_reason.clone())
+        .bind(time_text(job.submitted_utc))
+        .execute(&self.pool)
+        .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(StoreError::Conflict(format!("job `{}`", job.id)))
+            }
+            Err(e) => Err(db(format!("saving job {}", job.id))(e)),
+        }
+    }
+
+    /// One job by id.
+    pub async fn job(&self, id: &str) -> Result<Option<JobRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!("{JOB_SELECT} WHERE id = $1")))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db(format!("reading job {id}")))?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// Jobs, optionally only those in `state`, by release then id.
+    pub async fn jobs(&self, state: Option<JobState>) -> Result<Vec<JobRecord>> {
+        let rows = match state {
+            Some(state) => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "{JOB_SELECT} WHERE state = $1 ORDER BY release_utc, id"
+                )))
+                .bind(state.as_str())
+                .fetch_all(&self.pool)
+                .await
+            }
+            None => {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "{JOB_SELECT} ORDER BY release_utc, id"
+                )))
+                .fetch_all(&self.pool)
+                .await
+            }
+        }
+        .map_err(db("reading jobs"))?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    /// Sets a job's state and reason.
+    pub async fn set_job_state(
+        &self,
+        id: &str,
+        state: JobState,
+        reason: Option<&str>,
+    ) -> Result<()> {
+        sqlx::query("UPDATE jobs SET state = $1, state_reason = $2 WHERE id = $3")
+            .bind(state.as_str())
+            .bind(reason.map(str::to_string))
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(db(format!("updating job {id}")))?;
+        Ok(())
+    }
+
+    /// Stores a plan, its assignments and migrations, and the job states it implies (planned or
+    /// infeasible with the reason), in one transaction. Returns the plan's id.
+    pub async fn save_plan(&self, new: &NewPlan) -> Result<i64> {
+        let metrics = serde_json::to_string(&new.metrics).map_err(|e| corrupt("metrics", e))?;
+        let provenance =
+            serde_json::to_string(&new.provenance).map_err(|e| corrupt("provenance", e))?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        let row = sqlx::query(
+            "INSERT INTO plans (created_utc, horizon_start_utc, slot_minutes, slots, status, method,
+               emissions_g, lower_bound_g, baseline_emissions_g, grid_energy_kwh, surplus_used_kwh,
+               metrics_json, provenance_json, instance_json)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+             RETURNING id",
+        )
+        .bind(time_text(new.created_utc))
+        .bind(time_text(new.horizon_start_utc))
+        .bind(i64::from(new.slot_minutes))
+        .bind(new.slots as i64)
+        .bind(&new.metrics.status)
+        .bind(&new.metrics.method)
+        .bind(new.metrics.emissions_g)
+        .bind(new.metrics.lower_bound_g)
+        .bind(new.metrics.baseline_emissions_g)
+        .bind(new.metrics.grid_energy_kwh)
+        .bind(new.metrics.surplus_used_kwh)
+        .bind(metrics)
+        .bind(provenance)
+        .bind(&new.instance_json)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db("saving a plan"))?;
+        let plan_id: i64 = row.get(0);
+        for a in &new.plan.assignments {
+            sqlx::query(
+                "INSERT INTO assignments (plan_id, job_id, slot, site_id, power_w, gpu_model)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(plan_id)
+            .bind(&a.job)
+            .bind(a.slot as i64)
+            .bind(&a.site)
+            .bind(a.power_w)
+            .bind(a.gpu_model.clone())
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("saving assignment of job {}", a.job)))?;
+        }
+        for m in &new.plan.migrations {
+            sqlx::query(
+                "INSERT INTO migrations (plan_id, job_id, from_site, to_site, slot, transfer_s,
+                   window_slots) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(plan_id)
+            .bind(&m.job)
+            .bind(&m.from)
+            .bind(&m.to)
+            .bind(m.slot as i64)
+            .bind(m.transfer_s)
+            .bind(m.window_slots as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("saving migration of job {}", m.job)))?;
+        }
+        let mut planned: Vec<&str> = new
+            .plan
+            .assignments
+            .iter()
+            .map(|a| a.job.as_str())
+            .collect();
+        planned.sort_unstable();
+        planned.dedup();
+        for job in planned {
+            sqlx::query(
+                "UPDATE jobs SET state = 'planned', state_reason = NULL
+                 WHERE id = $1 AND state IN ('queued', 'planned', 'infeasible')",
+            )
+            .bind(job)
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("marking job {job} planned")))?;
+        }
+        for entry in &new.metrics.infeasible_jobs {
+            sqlx::query(
+                "UPDATE jobs SET state = 'infeasible', state_reason = $1
+                 WHERE id = $2 AND state IN ('queued', 'planned', 'infeasible')",
+            )
+            .bind(&entry.reason)
+            .bind(&entry.job)
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("marking job {} infeasible", entry.job)))?;
+        }
+        tx.commit().await.map_err(db("committing the plan"))?;
+        Ok(plan_id)
+    }
+
+    /// The newest plan, if any.
+    pub async fn latest_plan(&self) -> Result<Option<PlanRecord>> {
+        let id: Option<i64> = sqlx::query("SELECT MAX(id) FROM plans")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("finding the latest plan"))?
+            .get(0);
+        match id {
+            Some(id) => self.plan(id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// A plan by id, with its assignments and migrations.
+    pub async fn plan(&self, id: i64) -> Result<Option<PlanRecord>> {
+        let Some(row) = sqlx::query(
+            "SELECT id, created_utc, horizon_start_utc, slot_minutes, slots, metrics_json,
+                    provenance_json, instance_json FROM plans WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db(format!("reading plan {id}")))?
+        else {
+            return Ok(None);
+        };
+        let assignments = sqlx::query(
+            "SELECT job_id, slot, site_id, power_w, gpu_model FROM assignments
+             WHERE plan_id = $1 ORDER BY job_id, slot",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db(format!("reading assignments of plan {id}")))?
+        .iter()
+        .map(|r| Assignment {
+            job: r.get(0),
+            slot: r.get::<i64, _>(1) as usize,
+            site: r.get(2),
+            power_w: r.get(3),
+            gpu_model: r.get(4),
+        })
+        .collect();
+        let migrations = sqlx::query(
+            "SELECT job_id, from_site, to_site, slot, transfer_s, window_slots FROM migrations
+             WHERE plan_id = $1 ORDER BY job_id, slot",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db(format!("reading migrations of plan {id}")))?
+        .iter()
+        .map(|r| Migration {
+            job: r.get(0),
+            from: r.get(1),
+            to: r.get(2),
+            slot: r.get::<i64, _>(3) as usize,
+            transfer_s: r.get(4),
+            window_slots: r.get::<i64, _>(5) as usize,
+        })
+        .collect();
+        let metrics: Metrics = serde_json::from_str(&row.get::<String, _>(5))
+            .map_err(|e| corrupt(&format!("plan {id} metrics"), e))?;
+        let provenance: Vec<SignalProvenance> = serde_json::from_str(&row.get::<String, _>(6))
+            .map_err(|e| corrupt(&format!("plan {id} provenance"), e))?;
+        let plan = Plan {
+            assignments,
+            migrations,
+            unplanned: metrics.infeasible_jobs.clone(),
+        };
+        Ok(Some(PlanRecord {
+            id: row.get(0),
+            created_utc: parse_time("plan time", &row.get::<String, _>(1))?,
+            horizon_start_utc: parse_time("plan horizon", &row.get::<String, _>(2))?,
+            slot_minutes: row.get::<i64, _>(3) as u32,
+            slots: row.get::<i64, _>(4) as usize,
+            metrics,
+            provenance,
+            instance_json: row.get(7),
+            plan,
+        }))
+    }
+}
+
+const JOB_SELECT: &str =
+    "SELECT id, state, gpus, gpu_models, work_hours, release_utc, deadline_utc,
+    checkpoint_gb, save_s, restore_s, migratable, home_site, current_site, state_reason,
+    submitted_utc FROM jobs";
+
+fn job_from_row(row: &AnyRow) -> Result<JobRecord> {
+    let id: String = row.get(0);
+    let what = format!("job {id}");
+    let state_text: String = row.get(1);
+    let models: String = row.get(3);
+    Ok(JobRecord {
+        state: JobState::from_str(&state_text).map_err(|e| corrupt(&what, e))?,
+        gpus: u32::try_from(row.get::<i64, _>(2)).map_err(|e| corrupt(&what, e))?,
+        gpu_models: models
+            .split('|')
+            .filter(|m| !m.is_empty())
+            .map(str::to_string)
+            .collect(),
+        work_hours: row.get(4),
+        release_utc: parse_time(&what, &row.get::<String, _>(5))?,
+        deadline_utc: parse_time(&what, &row.get::<String, _>(6))?,
+        checkpoint_gb: row.get(7),
+        save_s: row.get(8),
+        restore_s: row.get(9),
+        migratable: row.get::<i64, _>(10) != 0,
+        home_site: row.get(11),
+        current_site: row.get(12),
+        state_reason: row.get(13),
+        submitted_utc: parse_time(&what, &row.get::<String, _>(14))?,
+        id,
+    })
+}
+
+/// Hides a password in a database URL for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}

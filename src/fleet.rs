@@ -1,0 +1,261 @@
+//! Fleet configuration and instance assembly: loads a fleet file (sites, GPU models, links) and
+//! the bundled samples into the store, and builds a solver instance from what the store knows.
+//!
+//! Owns the rule that turns stored forecasts into per-slot series (newest issue at or before the
+//! planning time; a slot without a value takes the value of the same slot one day earlier, else
+//! the nearest earlier slot, and is counted in the provenance). It writes no SQL itself.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use chrono::{DateTime, Duration, Utc};
+use serde::Deserialize;
+use windfall_forecasts::samples;
+use windfall_solver::{CarbonSignal, Instance, Job, Params, Site, UtcTime};
+
+use crate::db::Store;
+use crate::model::{GpuModel, JobRecord, JobState, SignalProvenance, SiteConfig};
+
+/// A fleet file: GPU models, sites and link overrides (TOML).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetFile {
+    /// GPU models by name.
+    pub gpu_models: BTreeMap<String, GpuModel>,
+    /// Sites.
+    pub sites: Vec<SiteConfig>,
+    /// from -> to -> Gbit/s.
+    #[serde(default)]
+    pub links_gbps: BTreeMap<String, BTreeMap<String, f64>>,
+}
+
+impl FleetFile {
+    /// Parses fleet TOML; `source_name` labels errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<FleetFile> {
+        toml::from_str(text).with_context(|| format!("reading fleet file {source_name}"))
+    }
+}
+
+/// Seconds to save and restore a checkpoint when a job file gives none.
+pub const DEFAULT_SAVE_S: f64 = 60.0;
+/// See [`DEFAULT_SAVE_S`].
+pub const DEFAULT_RESTORE_S: f64 = 120.0;
+
+/// Loads the bundled sample fleet, signals and jobs into an empty store.
+pub async fn load_samples(store: &Store, now: DateTime<Utc>) -> Result<SampleCounts> {
+    let fleet = FleetFile::parse(samples::SITES_TOML, "bundled sample_sites.toml")?;
+    for (name, model) in &fleet.gpu_models {
+        store.upsert_gpu_model(name, model).await?;
+    }
+    for site in &fleet.sites {
+        store.upsert_site(site, now).await?;
+    }
+    for (from, row) in &fleet.links_gbps {
+        for (to, gbps) in row {
+            store.upsert_link(from, to, *gbps).await?;
+        }
+    }
+    let points = windfall_forecasts::parse_canonical_csv(
+        samples::SIGNALS_CSV,
+        "bundled sample_signals.csv",
+    )?;
+    let n_points = store
+        .insert_forecasts("sample:electricitymaps+iso-prices", &points)
+        .await?;
+    let rows = windfall_forecasts::parse_jobs_csv(samples::JOBS_CSV, "bundled sample_jobs.csv")?;
+    for row in &rows {
+        store
+            .insert_job(&JobRecord {
+                id: row.id.clone(),
+                state: JobState::Queued,
+                gpus: row.gpus,
+                gpu_models: row.gpu_models.clone(),
+                work_hours: row.work_hours,
+                release_utc: row.submit_utc,
+                deadline_utc: row.deadline_utc,
+                checkpoint_gb: row.checkpoint_gb,
+                save_s: DEFAULT_SAVE_S,
+                restore_s: DEFAULT_RESTORE_S,
+                migratable: row.migratable,
+                home_site: row.home_site.clone(),
+                current_site: None,
+                state_reason: None,
+                submitted_utc: row.submit_utc,
+            })
+            .await?;
+    }
+    Ok(SampleCounts {
+        sites: fleet.sites.len(),
+        forecast_points: n_points,
+        jobs: rows.len(),
+    })
+}
+
+/// What [`load_samples`] loaded.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleCounts {
+    /// Sites.
+    pub sites: usize,
+    /// Forecast rows.
+    pub forecast_points: usize,
+    /// Jobs.
+    pub jobs: usize,
+}
+
+/// The horizon to plan.
+#[derive(Clone, Copy, Debug)]
+pub struct Horizon {
+    /// Start of slot 0 (the planning time).
+    pub start_utc: DateTime<Utc>,
+    /// Slot length.
+    pub slot_minutes: u32,
+    /// Number of slots.
+    pub slots: usize,
+}
+
+/// Builds the instance for `horizon` from the store's sites, forecasts known at the horizon
+/// start, and open jobs whose window overlaps the horizon.
+pub async fn build_instance(
+    store: &Store,
+    horizon: Horizon,
+) -> Result<(Instance, Vec<SignalProvenance>)> {
+    let gpu_models = store.gpu_models().await?;
+    let sites = store.sites().await?;
+    if sites.is_empty() {
+        bail!("the database has no sites: load a fleet first");
+    }
+    let slot = Duration::minutes(i64::from(horizon.slot_minutes));
+    let end = horizon.start_utc + slot * horizon.slots as i32;
+    let mut instance_sites = Vec::with_capacity(sites.len());
+    let mut provenance = Vec::with_capacity(sites.len());
+    for site in &sites {
+        // One day of history before the horizon feeds the fallback for missing slots.
+        let rows = store
+            .forecast_window(
+                &site.id,
+                horizon.start_utc - Duration::days(1),
+                end,
+                horizon.start_utc,
+            )
+            .await?;
+        if rows.is_empty() {
+            bail!(
+                "site {}: no forecasts issued by {} cover {} .. {}",
+                site.id,
+                horizon.start_utc,
+                horizon.start_utc,
+                end
+            );
+        }
+        let value_at = |t: DateTime<Utc>, pick: &dyn Fn(&crate::db::ForecastRow) -> Option<f64>| {
+            // The row whose interval holds t: the newest row starting at or before t.
+            rows.iter()
+                .rev()
+                .find(|r| r.time_utc <= t && t < r.time_utc + slot.max(Duration::hours(1)))
+                .and_then(pick)
+        };
+        let mut surplus_kw = Vec::with_capacity(horizon.slots);
+        let mut carbon = Vec::with_capacity(horizon.slots);
+        let mut price = Vec::with_capacity(horizon.slots);
+        let mut filled = 0;
+        let mut any_price = false;
+        for i in 0..horizon.slots {
+            let t = horizon.start_utc + slot * i as i32;
+            let surplus = value_at(t, &|r| r.surplus_kw);
+            let ci = value_at(t, &|r| r.carbon_g_per_kwh);
+            if surplus.is_none() || ci.is_none() {
+                filled += 1;
+            }
+            // Fallback: same slot a day earlier (already in the series or history), else the
+            // previous slot's value.
+            let day_ago =
+                |series: &Vec<f64>,
+                 now: Option<f64>,
+                 pick: &dyn Fn(&crate::db::ForecastRow) -> Option<f64>| {
+                    now.or_else(|| value_at(t - Duration::days(1), pick))
+                        .or_else(|| series.last().copied())
+                };
+            let s = day_ago(&surplus_kw, surplus, &|r| r.surplus_kw).unwrap_or(0.0);
+            let c = day_ago(&carbon, ci, &|r| r.carbon_g_per_kwh);
+            let Some(c) = c else {
+                bail!(
+                    "site {}: no carbon intensity known for {t} or the day before",
+                    site.id
+                );
+            };
+            let p = value_at(t, &|r| r.price_usd_per_mwh);
+            any_price |= p.is_some();
+            surplus_kw.push(s);
+            carbon.push(c);
+            price.push(p.unwrap_or(0.0));
+        }
+        let used: Vec<&crate::db::ForecastRow> = rows
+            .iter()
+            .filter(|r| r.time_utc + slot > horizon.start_utc && r.time_utc < end)
+            .collect();
+        let mut sources: Vec<String> = used.iter().map(|r| r.source.clone()).collect();
+        sources.sort();
+        sources.dedup();
+        let signal = used
+            .first()
+            .map_or("average".to_string(), |r| r.carbon_signal.clone());
+        provenance.push(SignalProvenance {
+            site: site.id.clone(),
+            sources,
+            issued_utc_min: used.iter().map(|r| r.issued_utc).min(),
+            issued_utc_max: used.iter().map(|r| r.issued_utc).max(),
+            carbon_signal: signal.clone(),
+            filled_slots: filled,
+        });
+        instance_sites.push(Site {
+            id: site.id.clone(),
+            zone: site.zone.clone(),
+            gpus: site.gpus.clone(),
+            pue: site.pue,
+            grid_limit_kw: site.grid_limit_kw,
+            wan_gbps: site.wan_gbps,
+            surplus_kw,
+            carbon_g_per_kwh: carbon,
+            carbon_signal: if signal == "marginal" {
+                CarbonSignal::Marginal
+            } else {
+                CarbonSignal::Average
+            },
+            price_usd_per_mwh: any_price.then_some(price),
+        });
+    }
+    let mut jobs = Vec::new();
+    for job in store.jobs(None).await? {
+        if !job.state.is_open() || job.release_utc >= end || job.deadline_utc <= horizon.start_utc {
+            continue;
+        }
+        jobs.push(Job {
+            id: job.id,
+            gpus: job.gpus,
+            gpu_models: job.gpu_models,
+            work_hours: job.work_hours,
+            release_utc: UtcTime(job.release_utc),
+            deadline_utc: UtcTime(job.deadline_utc),
+            checkpoint_gb: job.checkpoint_gb,
+            save_s: job.save_s,
+            restore_s: job.restore_s,
+            migratable: job.migratable,
+            home_site: job.home_site,
+            current_site: job.current_site,
+        });
+    }
+    let instance = Instance {
+        start_utc: UtcTime(horizon.start_utc),
+        slot_minutes: horizon.slot_minutes,
+        slots: horizon.slots,
+        gpu_models,
+        sites: instance_sites,
+        links_gbps: store.links().await?,
+        jobs,
+        params: Params::default(),
+    };
+    instance
+        .check()
+        .context("the stored fleet and jobs do not form a valid instance")?;
+    Ok((instance, provenance))
+}
