@@ -64,6 +64,9 @@ pub enum Command {
         /// Use only the constructive heuristic (fast, no optimality claim).
         #[arg(long)]
         heuristic: bool,
+        /// Print the MILP solver's (HiGHS) log.
+        #[arg(long)]
+        solver_log: bool,
     },
     /// Check a plan against every constraint of its instance, independently of the solver, and
     /// recompute its energy and emissions. Exits 1 when the plan is invalid.
@@ -90,8 +93,9 @@ pub fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(format!("{filter},highs=error"))
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -136,6 +140,7 @@ fn run(command: Command) -> Result<ExitCode> {
             time_limit,
             gap,
             heuristic,
+            solver_log,
         } => {
             let parsed = read_instance(&instance)?;
             let options = SolveOptions {
@@ -146,6 +151,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 } else {
                     Method::Auto
                 },
+                log: solver_log,
             };
             let started = Instant::now();
             let mut solution = solve(&parsed, &options);

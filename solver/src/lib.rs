@@ -47,6 +47,8 @@ pub struct SolveOptions {
     pub mip_rel_gap: f64,
     /// Algorithm choice.
     pub method: Method,
+    /// Print the MILP solver's log to standard output.
+    pub log: bool,
 }
 
 impl Default for SolveOptions {
@@ -55,6 +57,7 @@ impl Default for SolveOptions {
             time_limit_s: 30.0,
             mip_rel_gap: 1e-4,
             method: Method::Auto,
+            log: false,
         }
     }
 }
@@ -97,15 +100,21 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             mip_rel_gap: options.mip_rel_gap,
             relax: false,
             soft_work: true,
+            log: options.log,
         };
         match milp::solve(&problem, &include, Some(&heuristic_schedule), &config) {
             Ok(outcome) => {
                 milp_bound = outcome.lower_bound_g;
                 if let Some(schedule) = outcome.schedule {
+                    let reason = if outcome.proven_optimal {
+                        "cannot be fitted alongside the other jobs: the GPUs or grid headroom it needs before its deadline are taken"
+                    } else {
+                        "not placed: no plan found within the time limit fits it alongside the other jobs (GPUs or grid headroom before its deadline)"
+                    };
                     let candidate_unserved: Vec<(usize, String)> = outcome
                         .unserved
                         .iter()
-                        .map(|&j| (j, "cannot be fitted alongside the other jobs: the GPUs or grid headroom it needs before its deadline are taken".to_string()))
+                        .map(|&j| (j, reason.to_string()))
                         .collect();
                     let candidate_plan = problem.to_plan(&schedule, &[]);
                     let candidate_plan = Plan {
@@ -166,6 +175,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             mip_rel_gap: options.mip_rel_gap,
             relax: true,
             soft_work: false,
+            log: options.log,
         };
         lower_bound_g = milp::solve(&problem, &served, None, &config)
             .ok()

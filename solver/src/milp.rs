@@ -23,6 +23,8 @@ pub(crate) struct MilpConfig {
     pub relax: bool,
     /// Allow unserved work at a high penalty, so one impossible job does not sink the plan.
     pub soft_work: bool,
+    /// Print HiGHS's log to standard output.
+    pub log: bool,
 }
 
 /// What HiGHS returned.
@@ -392,6 +394,10 @@ pub(crate) fn solve(
     }
     let mut model = highs_problem.into_inner();
     model.make_quiet();
+    if config.log {
+        model.set_option("output_flag", true);
+        model.set_option("log_to_console", true);
+    }
     model.set_option("time_limit", config.time_limit_s.max(0.01));
     model.set_option("mip_rel_gap", config.mip_rel_gap);
     model.set_option("threads", 1);

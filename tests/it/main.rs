@@ -1,1 +1,10 @@
-fn main() {}
+//! Integration tests, one binary: solver against the independent validator and brute force,
+//! validator per constraint, instance errors, the store on SQLite and PostgreSQL, and the CLI as
+//! a real process.
+
+mod cli;
+mod fixtures;
+mod instance_errors;
+mod solver;
+mod store;
+mod validator;
