@@ -15,6 +15,9 @@
 //! - `milp`: the exact MILP;
 //! - `validate`: the independent oracle.
 
+// Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
+#![allow(clippy::needless_range_loop)]
+
 mod heuristic;
 pub mod instance;
 mod milp;
