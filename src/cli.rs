@@ -44,7 +44,7 @@ pub enum Command {
         #[arg(long, default_value_t = 20.0)]
         time_limit: f64,
     },
-    /// Solve an instance file (formats.md section 1) and print its metrics.
+    /// Solve an instance file (JSON: horizon, GPU models, sites with signals, jobs) and print its metrics.
     Solve {
         /// Instance JSON file.
         #[arg(long)]
