@@ -64,8 +64,8 @@ pub enum Command {
         /// Use only the constructive heuristic (fast, no optimality claim).
         #[arg(long)]
         heuristic: bool,
-        /// Print the MILP solver's (HiGHS) log.
-        #[arg(long)]
+        /// Print the MILP solver's (HiGHS) log to standard output.
+        #[arg(long, conflicts_with = "json")]
         solver_log: bool,
     },
     /// Check a plan against every constraint of its instance, independently of the solver, and

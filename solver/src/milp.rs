@@ -285,10 +285,14 @@ pub(crate) fn solve(
                                         .push(Expression::from(m).leq(loc[&(to, idx + k)]));
                                 }
                                 let due = slot + min_window - 1;
-                                let o = *obligation_vars.entry((to, due)).or_insert_with(|| {
-                                    b.warm.push(0.0);
-                                    b.vars.add(variable().min(0.0).max(1.0))
-                                });
+                                let o = match obligation_vars.get(&(to, due)) {
+                                    Some(&o) => o,
+                                    None => {
+                                        let o = b.add(variable().min(0.0).max(1.0), 0.0);
+                                        obligation_vars.insert((to, due), o);
+                                        o
+                                    }
+                                };
                                 b.constraints.push(Expression::from(m).leq(o));
                             }
                         }

@@ -1,11 +1,20 @@
 //! The `windfall` binary as a real process: solve, validate and their errors.
 
-use std::process::Command;
+use std::ffi::OsStr;
+use std::process::{Command, Output};
 
 use crate::fixtures::random_instance;
 
-fn windfall() -> Command {
+/// Runs the built binary with `args` and waits for it.
+fn windfall<I, A>(args: I) -> Output
+where
+    I: IntoIterator<Item = A>,
+    A: AsRef<OsStr>,
+{
     Command::new(env!("CARGO_BIN_EXE_windfall"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -14,13 +23,16 @@ fn solve_then_validate_agree_on_emissions() {
     let instance_path = dir.path().join("instance.json");
     let plan_path = dir.path().join("plan.json");
     std::fs::write(&instance_path, random_instance(21, 10, 3, 24).to_json()).unwrap();
-    let out = windfall()
-        .args(["solve", "--json", "--time-limit", "5", "--instance"])
-        .arg(&instance_path)
-        .arg("--out")
-        .arg(&plan_path)
-        .output()
-        .unwrap();
+    let out = windfall([
+        OsStr::new("solve"),
+        OsStr::new("--json"),
+        OsStr::new("--time-limit"),
+        OsStr::new("5"),
+        OsStr::new("--instance"),
+        instance_path.as_os_str(),
+        OsStr::new("--out"),
+        plan_path.as_os_str(),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -42,13 +54,14 @@ fn solve_then_validate_agree_on_emissions() {
     ] {
         assert!(metrics.get(key).is_some(), "metrics lack {key}: {metrics}");
     }
-    let out = windfall()
-        .args(["validate", "--json", "--instance"])
-        .arg(&instance_path)
-        .arg("--plan")
-        .arg(&plan_path)
-        .output()
-        .unwrap();
+    let out = windfall([
+        OsStr::new("validate"),
+        OsStr::new("--json"),
+        OsStr::new("--instance"),
+        instance_path.as_os_str(),
+        OsStr::new("--plan"),
+        plan_path.as_os_str(),
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -73,13 +86,13 @@ fn an_invalid_plan_exits_1_with_violations() {
     let plan_path = dir.path().join("plan.json");
     std::fs::write(&instance_path, random_instance(21, 4, 2, 12).to_json()).unwrap();
     std::fs::write(&plan_path, r#"{"assignments": [], "migrations": []}"#).unwrap();
-    let out = windfall()
-        .args(["validate", "--instance"])
-        .arg(&instance_path)
-        .arg("--plan")
-        .arg(&plan_path)
-        .output()
-        .unwrap();
+    let out = windfall([
+        OsStr::new("validate"),
+        OsStr::new("--instance"),
+        instance_path.as_os_str(),
+        OsStr::new("--plan"),
+        plan_path.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("work hours before its deadline"));
 }
@@ -93,11 +106,11 @@ fn a_malformed_instance_is_named_in_the_error() {
         r#"{"start_utc": "2023-06-01T00:00:00Z", "slot_minutes": 60, "slots": 1, "bogus": 1}"#,
     )
     .unwrap();
-    let out = windfall()
-        .args(["solve", "--instance"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = windfall([
+        OsStr::new("solve"),
+        OsStr::new("--instance"),
+        path.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -109,11 +122,13 @@ fn a_malformed_instance_is_named_in_the_error() {
 #[test]
 fn demo_prints_the_summary_and_writes_the_report() {
     let dir = tempfile::tempdir().unwrap();
-    let out = windfall()
-        .args(["demo", "--time-limit", "5", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = windfall([
+        OsStr::new("demo"),
+        OsStr::new("--time-limit"),
+        OsStr::new("5"),
+        OsStr::new("--data-dir"),
+        dir.path().as_os_str(),
+    ]);
     assert!(
         out.status.success(),
         "{}",
