@@ -1,10 +1,14 @@
 //! The run-now baseline and the constructive heuristic.
 //!
-//! The heuristic places jobs in deadline order, each at the single site and in the slots where
-//! its marginal grid cost per work hour is lowest given the jobs already placed. It always yields a
-//! plan that respects capacity, grid limits, windows and the feasibility domain; it serves as the
-//! MILP's starting point and as the answer when the MILP finds nothing better in time.
+//! The heuristic places jobs in deadline order, each in the slots (at one site, or across sites
+//! for a migratable job) where its marginal grid cost per work hour is lowest given the jobs
+//! already placed, then improves the plan by taking each job out and putting it back where it is
+//! now cheapest. It always yields a plan that respects capacity, grid limits, windows and the
+//! feasibility domain; it serves as the MILP's starting point and as the answer when the MILP
+//! finds nothing better in time.
 //! It must not perform I/O or read the clock.
+
+use std::collections::BTreeMap;
 
 use crate::plan::Infeasible;
 use crate::problem::{Problem, Schedule, Slot};
@@ -16,6 +20,12 @@ struct Residual {
     /// Free GPUs per pool and slot.
     free: Vec<Vec<u32>>,
 }
+
+/// A schedule and the jobs it leaves out, with the reason.
+pub(crate) type Pass = (Schedule, Vec<(usize, String)>);
+
+/// Rounds of remove-and-reinsert after the first pass.
+const IMPROVEMENT_ROUNDS: usize = 10;
 
 impl Residual {
     fn new(problem: &Problem) -> Residual {
@@ -45,55 +55,227 @@ impl Residual {
         let after = (self.load_kw[site][slot] + add_kw - surplus).max(0.0);
         if let Some(limit) = spec.grid_limit_kw
             && after > limit + 1e-9
+            && add_kw > 0.0
         {
             return None;
         }
         Some((after - before) * problem.slot_h * problem.grid_cost_g_per_kwh(site, slot))
     }
-}
 
-/// Places every job with a non-empty window, in deadline order. Jobs that cannot be placed are
-/// returned with the reason.
-pub(crate) fn construct(problem: &Problem, skip: &[bool]) -> (Schedule, Vec<(usize, String)>) {
-    let mut residual = Residual::new(problem);
-    let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
-    let mut failed = Vec::new();
-    let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
-    order.sort_by_key(|&j| (problem.jobs[j].window.end, problem.jobs[j].window.start, j));
-    for job in order {
-        match best_single_site(problem, &residual, job) {
-            Some(slots) => {
-                commit(problem, &mut residual, job, &slots);
-                runs[job] = Some(slots);
-            }
-            None => failed.push((
-                job,
-                "no GPU capacity or grid headroom left before its deadline once jobs with earlier deadlines are placed".to_string(),
-            )),
+    /// Adds (`sign` = 1) or removes (`sign` = -1) a job's runs and transfer energy.
+    fn apply(&mut self, problem: &Problem, job: usize, runs: &[Slot], sign: f64) {
+        for ((site, slot), kw) in added_load_kw(problem, job, runs) {
+            self.load_kw[site][slot] += sign * kw;
+        }
+        let gpus = problem.jobs[job].gpus;
+        for run in runs {
+            let free = &mut self.free[run.pool][run.slot];
+            *free = if sign > 0.0 {
+                *free - gpus
+            } else {
+                *free + gpus
+            };
         }
     }
+
+    /// Exact objective increase of adding a job's runs, or `None` if they do not fit.
+    fn cost_g(
+        &self,
+        problem: &Problem,
+        job: usize,
+        runs: &[Slot],
+        migrations: usize,
+    ) -> Option<f64> {
+        let gpus = problem.jobs[job].gpus;
+        if runs.iter().any(|r| self.free[r.pool][r.slot] < gpus) {
+            return None;
+        }
+        let mut cost = problem.inst.params.migration_penalty_g * migrations as f64;
+        for ((site, slot), kw) in added_load_kw(problem, job, runs) {
+            cost += self.marginal_cost_g(problem, site, slot, kw)?;
+        }
+        Some(cost)
+    }
+}
+
+/// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends.
+fn added_load_kw(problem: &Problem, job: usize, runs: &[Slot]) -> BTreeMap<(usize, usize), f64> {
+    let mut added: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    let mut previous = problem.jobs[job].current_site;
+    for run in runs {
+        let site = problem.pools[run.pool].site;
+        *added.entry((site, run.slot)).or_default() +=
+            problem.run_load_kw(job, run.pool, run.level);
+        if let Some(prev) = previous
+            && prev != site
+        {
+            let kw = problem.transfer_kwh(job) / problem.slot_h;
+            *added.entry((prev, run.slot)).or_default() += kw;
+            *added.entry((site, run.slot)).or_default() += kw;
+        }
+        previous = Some(site);
+    }
+    added
+}
+
+/// Work a job's runs deliver under the accounting rules, and its number of migrations; `None`
+/// when a move breaks the feasibility domain or the job may not move.
+fn progress(problem: &Problem, job: usize, runs: &[Slot]) -> Option<(f64, usize)> {
+    let view = &problem.jobs[job];
+    let mut previous = view.current_site;
+    let mut moved: Option<(usize, f64)> = None; // (migration slot, transfer seconds)
+    let mut done_h = 0.0;
+    let mut migrations = 0;
+    for (i, run) in runs.iter().enumerate() {
+        let site = problem.pools[run.pool].site;
+        if let Some(prev) = previous
+            && prev != site
+        {
+            if !view.migratable {
+                return None;
+            }
+            let last_here = runs[i..]
+                .iter()
+                .take_while(|r| problem.pools[r.pool].site == site)
+                .last()
+                .map_or(run.slot, |r| r.slot);
+            if last_here - run.slot + 1 < problem.min_window_slots(job, prev, site) {
+                return None;
+            }
+            moved = Some((run.slot, problem.transfer_s(job, prev, site)));
+            migrations += 1;
+        }
+        previous = Some(site);
+        let mut effective_h = problem.slot_h;
+        if let Some((slot, transfer_s)) = moved {
+            let elapsed_s = (run.slot - slot) as f64 * problem.slot_s;
+            effective_h -= (transfer_s - elapsed_s).clamp(0.0, problem.slot_s) / 3600.0;
+        }
+        let pool = &problem.pools[run.pool];
+        done_h += effective_h * pool.speed * pool.throughput[run.level];
+    }
+    Some((done_h, migrations))
+}
+
+/// Places every job with a non-empty window: first in deadline order, then in rounds that take
+/// each job out and put it back where it is now cheapest. Jobs that cannot be placed are
+/// returned with the reason.
+///
+/// Passes are made in deadline order and in size order, each either spreading migratable jobs
+/// over sites or keeping every job at one site; when a pass leaves jobs out, it is repeated with
+/// those jobs placed first. The pass that places
+/// more jobs, then costs less, wins. Rationale: spreading is usually cheaper but can take
+/// capacity a later job needed, and deadline order can starve a large job with a late deadline.
+pub(crate) fn construct(problem: &Problem, skip: &[bool]) -> Pass {
+    let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
+    let mut best: Option<((usize, f64), Pass)> = None;
+    // Largest jobs (GPU x work hours) first is the other natural order: they get the clean
+    // capacity and the small ones fill in around them.
+    let mut by_size: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
+    by_size.sort_by(|&a, &b| {
+        let size = |j: usize| f64::from(problem.jobs[j].gpus) * problem.jobs[j].work_hours;
+        size(b).total_cmp(&size(a)).then(a.cmp(&b))
+    });
+    for (spread, seed_order) in [
+        (true, Vec::new()),
+        (false, Vec::new()),
+        (true, by_size.clone()),
+        (false, by_size),
+    ] {
+        let mut first: Vec<usize> = seed_order;
+        for _ in 0..3 {
+            let pass = construct_pass(problem, skip, spread, &first);
+            let pass_key = key(&pass);
+            let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
+            if best
+                .as_ref()
+                .is_none_or(|(k, _)| pass_key.0 < k.0 || (pass_key.0 == k.0 && pass_key.1 < k.1))
+            {
+                best = Some((pass_key, pass));
+            }
+            if failed.is_empty() {
+                break;
+            }
+            for job in failed {
+                if !first.contains(&job) {
+                    first.push(job);
+                }
+            }
+        }
+    }
+    best.expect("at least one pass runs").1
+}
+
+fn construct_pass(problem: &Problem, skip: &[bool], spread: bool, first: &[usize]) -> Pass {
+    let mut residual = Residual::new(problem);
+    let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
+    let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
+    order.sort_by_key(|&j| {
+        let rank = first.iter().position(|&f| f == j).unwrap_or(usize::MAX);
+        (
+            rank,
+            problem.jobs[j].window.end,
+            problem.jobs[j].window.start,
+            j,
+        )
+    });
+    for &job in &order {
+        if let Some((_, slots)) = best_placement(problem, &residual, job, spread) {
+            residual.apply(problem, job, &slots, 1.0);
+            runs[job] = Some(slots);
+        }
+    }
+    for _ in 0..IMPROVEMENT_ROUNDS {
+        let mut improved = false;
+        for &job in &order {
+            let current = runs[job].take();
+            if let Some(slots) = &current {
+                residual.apply(problem, job, slots, -1.0);
+            }
+            let current_cost = current.as_ref().and_then(|slots| {
+                let (_, migrations) = progress(problem, job, slots)?;
+                residual.cost_g(problem, job, slots, migrations)
+            });
+            let candidate = best_placement(problem, &residual, job, spread);
+            let chosen = match (current, current_cost, candidate) {
+                (Some(cur), Some(cur_cost), Some((cost, slots))) => {
+                    if cost < cur_cost - 1e-6 {
+                        improved = true;
+                        slots
+                    } else {
+                        cur
+                    }
+                }
+                (None, _, Some((_, slots))) => {
+                    improved = true;
+                    slots
+                }
+                (Some(cur), _, _) => cur,
+                (None, _, None) => continue,
+            };
+            residual.apply(problem, job, &chosen, 1.0);
+            runs[job] = Some(chosen);
+        }
+        if !improved {
+            break;
+        }
+    }
+    let failed = order
+        .iter()
+        .filter(|&&j| runs[j].is_none())
+        .map(|&j| (j, "no GPU capacity or grid headroom left before its deadline once the other jobs are placed".to_string()))
+        .collect();
     (Schedule { runs }, failed)
 }
 
-fn commit(problem: &Problem, residual: &mut Residual, job: usize, slots: &[Slot]) {
-    let view = &problem.jobs[job];
-    for run in slots {
-        let site = problem.pools[run.pool].site;
-        residual.load_kw[site][run.slot] += problem.run_load_kw(job, run.pool, run.level);
-        residual.free[run.pool][run.slot] -= view.gpus;
-    }
-    if let (Some(current), Some(first)) = (view.current_site, slots.first()) {
-        let site = problem.pools[first.pool].site;
-        if site != current {
-            let kw = problem.transfer_kwh(job) / problem.slot_h;
-            residual.load_kw[current][first.slot] += kw;
-            residual.load_kw[site][first.slot] += kw;
-        }
-    }
-}
-
-/// The cheapest single-site schedule for a job, or `None`.
-fn best_single_site(problem: &Problem, residual: &Residual, job: usize) -> Option<Vec<Slot>> {
+/// The cheapest placement found for a job given the residual state: each single site, and for a
+/// migratable job the cheapest slots across all sites. Returns (cost, runs).
+fn best_placement(
+    problem: &Problem,
+    residual: &Residual,
+    job: usize,
+    spread: bool,
+) -> Option<(f64, Vec<Slot>)> {
     let view = &problem.jobs[job];
     let mut sites: Vec<usize> = view.pools.iter().map(|&p| problem.pools[p].site).collect();
     sites.sort_unstable();
@@ -103,44 +285,66 @@ fn best_single_site(problem: &Problem, residual: &Residual, job: usize) -> Optio
     {
         sites.retain(|&s| s == current);
     }
+    let mut candidates: Vec<Vec<usize>> = sites.iter().map(|&s| vec![s]).collect();
+    if spread && view.migratable && sites.len() > 1 {
+        candidates.push(sites.clone());
+    }
+    // Deeper power caps save energy per work hour but may leave too few slots to finish, so the
+    // deepest allowed cap is varied too.
+    let most_levels = view
+        .pools
+        .iter()
+        .map(|&p| problem.pools[p].levels_w.len())
+        .max()
+        .unwrap_or(1);
     let mut best: Option<(f64, Vec<Slot>)> = None;
-    for site in sites {
-        if let Some((cost, slots)) = schedule_at_site(problem, residual, job, site)
-            && best.as_ref().is_none_or(|(c, _)| cost < *c - 1e-9)
-        {
-            best = Some((cost, slots));
+    for allowed in candidates {
+        for deepest_level in (0..most_levels).rev() {
+            if let Some((cost, slots)) =
+                cheapest_slots(problem, residual, job, &allowed, deepest_level)
+                && best.as_ref().is_none_or(|(c, _)| cost < *c - 1e-9)
+            {
+                best = Some((cost, slots));
+            }
         }
     }
-    best.map(|(_, slots)| slots)
+    best
 }
 
-fn schedule_at_site(
+/// Takes the job's cheapest (slot, pool, level) options per work hour at the allowed sites, with
+/// power levels no deeper than `deepest_level`, until
+/// its work is done; returns the exact cost and the runs, or `None` if they cannot finish it
+/// within the feasibility domain and the limits.
+fn cheapest_slots(
     problem: &Problem,
     residual: &Residual,
     job: usize,
-    site: usize,
+    sites: &[usize],
+    deepest_level: usize,
 ) -> Option<(f64, Vec<Slot>)> {
     let view = &problem.jobs[job];
-    // The cheapest option per slot: (cost per work hour, cost, slot).
-    let mut options: Vec<(f64, f64, Slot)> = Vec::new();
+    // The cheapest option per slot: (cost per work hour, slot option).
+    let mut options: Vec<(f64, Slot)> = Vec::new();
     for slot in view.window.clone() {
-        let mut best: Option<(f64, f64, Slot)> = None;
+        let mut best: Option<(f64, Slot)> = None;
         for &pool in view
             .pools
             .iter()
-            .filter(|&&p| problem.pools[p].site == site)
+            .filter(|&&p| sites.contains(&problem.pools[p].site))
         {
             if residual.free[pool][slot] < view.gpus {
                 continue;
             }
-            for level in 0..problem.pools[pool].levels_w.len() {
+            let site = problem.pools[pool].site;
+            let levels = problem.pools[pool].levels_w.len().min(deepest_level + 1);
+            for level in 0..levels {
                 let add_kw = problem.run_load_kw(job, pool, level);
                 let Some(cost) = residual.marginal_cost_g(problem, site, slot, add_kw) else {
                     continue;
                 };
                 let per_work = cost / problem.slot_work_h(pool, level);
-                if best.is_none_or(|(b, _, _)| per_work < b - 1e-12) {
-                    best = Some((per_work, cost, Slot { slot, pool, level }));
+                if best.is_none_or(|(b, _)| per_work < b - 1e-12) {
+                    best = Some((per_work, Slot { slot, pool, level }));
                 }
             }
         }
@@ -148,54 +352,19 @@ fn schedule_at_site(
             options.push(option);
         }
     }
-    options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.slot.cmp(&b.2.slot)));
-    let migrating_from = view.current_site.filter(|&c| c != site);
+    options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.slot.cmp(&b.1.slot)));
     let mut chosen: Vec<Slot> = Vec::new();
-    let mut cost = 0.0;
-    for (_, slot_cost, slot) in options {
+    for (_, slot) in options {
         chosen.push(slot);
-        cost += slot_cost;
         chosen.sort();
-        if progress_h(problem, job, &chosen, migrating_from) + 1e-9 >= view.work_hours {
-            break;
+        if let Some((done_h, migrations)) = progress(problem, job, &chosen)
+            && done_h + 1e-9 >= view.work_hours
+        {
+            let cost = residual.cost_g(problem, job, &chosen, migrations)?;
+            return Some((cost, chosen));
         }
     }
-    if progress_h(problem, job, &chosen, migrating_from) + 1e-9 < view.work_hours {
-        return None;
-    }
-    if let Some(from) = migrating_from {
-        let first = chosen.first()?;
-        let last = chosen.last()?;
-        if last.slot - first.slot + 1 < problem.min_window_slots(job, from, site) {
-            return None;
-        }
-        // Transfer energy at both ends must fit under the grid limits.
-        let kw = problem.transfer_kwh(job) / problem.slot_h;
-        let at_dest = problem.run_load_kw(job, first.pool, first.level) + kw;
-        let dest_cost = residual.marginal_cost_g(problem, site, first.slot, at_dest)?;
-        let src_cost = residual.marginal_cost_g(problem, from, first.slot, kw)?;
-        cost += dest_cost + src_cost + problem.inst.params.migration_penalty_g;
-    }
-    Some((cost, chosen))
-}
-
-/// Work delivered by single-site runs, net of the transfer time after a migration into the site.
-fn progress_h(problem: &Problem, job: usize, runs: &[Slot], migrating_from: Option<usize>) -> f64 {
-    let lost = |slot: usize| -> f64 {
-        let (Some(from), Some(first)) = (migrating_from, runs.first()) else {
-            return 0.0;
-        };
-        let site = problem.pools[first.pool].site;
-        let transfer_s = problem.transfer_s(job, from, site);
-        let elapsed_s = (slot - first.slot) as f64 * problem.slot_s;
-        (transfer_s - elapsed_s).clamp(0.0, problem.slot_s) / 3600.0
-    };
-    runs.iter()
-        .map(|r| {
-            let pool = &problem.pools[r.pool];
-            (problem.slot_h - lost(r.slot)) * pool.speed * pool.throughput[r.level]
-        })
-        .sum()
+    None
 }
 
 /// The run-now baseline of formats.md: released jobs start in release order at their home site,

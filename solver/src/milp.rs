@@ -21,7 +21,7 @@ pub(crate) struct MilpConfig {
     pub mip_rel_gap: f64,
     /// Solve the LP relaxation instead of the MILP.
     pub relax: bool,
-    /// Allow unserved work at a high penalty, so one impossible job does not sink the plan.
+    /// Allow leaving a job out at a high penalty, so one impossible job does not sink the plan.
     pub soft_work: bool,
     /// Print HiGHS's log to standard output.
     pub log: bool,
@@ -90,7 +90,7 @@ pub(crate) fn solve(
     let mut used: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
     let mut x_vars: Vec<JobVars> = vec![JobVars::new(); problem.jobs.len()];
     // Column positions of the variables the solution is read from.
-    let mut slack_vars: Vec<Option<usize>> = vec![None; problem.jobs.len()];
+    let mut unserved_vars: Vec<Option<usize>> = vec![None; problem.jobs.len()];
     let mut earliness_max_g = 0.0;
     let max_cost = (0..n_sites)
         .flat_map(|s| (0..problem.n_slots).map(move |t| (s, t)))
@@ -123,6 +123,8 @@ pub(crate) fn solve(
 
         // Placement, work and capacity.
         let mut work = Expression::from(0.0);
+        // Number of slots the job runs in, for the slot-count cut below.
+        let mut run_slots = Expression::from(0.0);
         // run[site][slot] and speed-weighted run (work per wall hour) per site and slot.
         let mut run_expr: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
         let mut speed_expr: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
@@ -135,6 +137,7 @@ pub(crate) fn solve(
                     let x = b.add(binary(config.relax), if on { 1.0 } else { 0.0 });
                     x_vars[job].insert((slot, pool, level), b.warm.len() - 1);
                     one_place += x;
+                    run_slots += x;
                     work += problem.slot_work_h(pool, level) * x;
                     *run_expr.entry((site, slot)).or_default() += x;
                     *speed_expr.entry((site, slot)).or_default() +=
@@ -333,6 +336,15 @@ pub(crate) fn solve(
             }
         }
 
+        // Slot-count cut: a job runs in whole slots, so it needs at least ceil(W / most work one
+        // slot can give) of them; a job left out needs none. Rationale: it keeps the LP
+        // relaxation from paying for a fraction of a short job's last slot.
+        let most_per_slot_h = pools
+            .iter()
+            .map(|&p| problem.slot_work_h(p, 0))
+            .fold(0.0, f64::max);
+        let min_slots = (view.work_hours / most_per_slot_h - 1e-9).ceil().max(1.0);
+        let mut slot_count_cut = run_slots;
         if config.soft_work {
             let max_thr_speed = pools
                 .iter()
@@ -349,16 +361,19 @@ pub(crate) fn solve(
                 })
                 .fold(0.0, f64::max);
             let penalty = 10.0 * (max_cost + 1.0) * max_kw / max_thr_speed + 1000.0;
-            let warm_slack = if warm.and_then(|w| w.runs[job].as_ref()).is_some() {
+            let warm_unserved = if warm.and_then(|w| w.runs[job].as_ref()).is_some() {
                 0.0
             } else {
-                view.work_hours
+                1.0
             };
-            let slack = b.add(variable().min(0.0).max(view.work_hours), warm_slack);
-            b.objective += penalty * slack;
-            work += slack;
-            slack_vars[job] = Some(b.warm.len() - 1);
+            // All or nothing: a job is served in full or left out, never planned short.
+            let unserved = b.add(binary(config.relax), warm_unserved);
+            b.objective += (penalty * view.work_hours) * unserved;
+            slot_count_cut += min_slots * unserved;
+            work += view.work_hours * unserved;
+            unserved_vars[job] = Some(b.warm.len() - 1);
         }
+        b.constraints.push(slot_count_cut.geq(min_slots));
         b.constraints.push(work.geq(view.work_hours));
     }
 
@@ -451,8 +466,8 @@ pub(crate) fn solve(
         if !include[job] {
             continue;
         }
-        if let Some(slack) = slack_vars[job]
-            && columns[slack] > 1e-6
+        if let Some(column) = unserved_vars[job]
+            && columns[column] > 0.5
         {
             unserved.push(job);
             continue;
