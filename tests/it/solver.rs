@@ -58,6 +58,29 @@ fn small_instance_plan_validates_with_identical_emissions() {
 }
 
 #[test]
+fn twelve_jobs_are_proven_optimal_and_validate() {
+    let instance = random_instance(7, 12, 4, 12);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            mip_rel_gap: 1e-6,
+            ..exact()
+        },
+    );
+    let m = &solution.metrics;
+    assert_eq!(
+        (m.status.as_str(), m.method.as_str()),
+        ("optimal", "milp"),
+        "{m:?}"
+    );
+    assert!(m.gap <= 1e-6, "{m:?}");
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(relative_difference(m.emissions_g, check.emissions_g) < 1e-6);
+    assert!(m.emissions_g < m.baseline_emissions_g);
+}
+
+#[test]
 fn heuristic_plans_validate() {
     for seed in 0..5 {
         let instance = random_instance(seed, 40, 4, 24);
