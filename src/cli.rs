@@ -55,7 +55,8 @@ pub enum Command {
         /// Write the plan as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// MILP time limit in seconds.
+        /// MILP time limit in seconds. When the MILP ends without a bound, the LP relaxation that
+        /// bounds the plan gets at least 10 s more.
         #[arg(long, default_value_t = 30.0)]
         time_limit: f64,
         /// Relative MIP gap at which the MILP stops as optimal.

@@ -272,7 +272,7 @@ const RIGHT: f64 = 50.0;
 const TOP: f64 = 12.0;
 const BOTTOM: f64 = 28.0;
 
-fn polyline(values: &[f64], max: f64, color: &str, dash: &str) -> String {
+fn polyline(values: &[f64], max: f64, color: &str, dash: &str, width: f64) -> String {
     let n = values.len().max(1);
     let step = (W - LEFT - RIGHT) / n as f64;
     let points: Vec<String> = values
@@ -288,7 +288,7 @@ fn polyline(values: &[f64], max: f64, color: &str, dash: &str) -> String {
         })
         .collect();
     format!(
-        r#"<polyline fill="none" stroke="{color}" stroke-width="1.6" stroke-dasharray="{dash}" points="{}"/>"#,
+        r#"<polyline fill="none" stroke="{color}" stroke-width="{width}" stroke-opacity="0.85" stroke-dasharray="{dash}" points="{}"/>"#,
         points.join(" ")
     )
 }
@@ -348,9 +348,17 @@ fn site_chart(
         svg,
         r##"<path d="{area}" fill="#8fd19e" fill-opacity="0.55"/>"##
     );
-    svg.push_str(&polyline(&series.load_kw, max_kw, "#1f5fbf", ""));
-    svg.push_str(&polyline(&series.grid_kw, max_kw, "#c0392b", ""));
-    svg.push_str(&polyline(&site.carbon_g_per_kwh, max_ci, "#6b6b6b", "4 3"));
+    // Grid import under the load: where no surplus is used they coincide, and the load stays
+    // visible on top.
+    svg.push_str(&polyline(&series.grid_kw, max_kw, "#c0392b", "", 4.0));
+    svg.push_str(&polyline(&series.load_kw, max_kw, "#1f5fbf", "", 1.6));
+    svg.push_str(&polyline(
+        &site.carbon_g_per_kwh,
+        max_ci,
+        "#6b6b6b",
+        "4 3",
+        1.6,
+    ));
     let _ = write!(
         svg,
         r##"<text x="6" y="{TOP}" font-size="11" dy="10" fill="#1d2733">{max_kw:.0} kW</text><text x="{}" y="{TOP}" font-size="11" dy="10" text-anchor="end" fill="#6b6b6b">{max_ci:.0} g/kWh</text>"##,

@@ -31,6 +31,9 @@ pub use validate::{SiteSeries, Validation, validate};
 
 use problem::Problem;
 
+/// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
+const LP_BOUND_MIN_TIME_S: f64 = 10.0;
+
 /// Which algorithm `solve` may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
@@ -174,7 +177,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     };
     if lower_bound_g.is_none() {
         let config = milp::MilpConfig {
-            time_limit_s: options.time_limit_s.max(1.0),
+            // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a
+            // plan without a bound cannot say how good it is.
+            time_limit_s: options.time_limit_s.max(LP_BOUND_MIN_TIME_S),
             mip_rel_gap: options.mip_rel_gap,
             relax: true,
             soft_work: false,
