@@ -8,8 +8,6 @@
 //! finds nothing better in time.
 //! It must not perform I/O or read the clock.
 
-use std::collections::BTreeMap;
-
 use crate::plan::Infeasible;
 use crate::problem::{Problem, Schedule, Slot};
 
@@ -64,7 +62,7 @@ impl Residual {
 
     /// Adds (`sign` = 1) or removes (`sign` = -1) a job's runs and transfer energy.
     fn apply(&mut self, problem: &Problem, job: usize, runs: &[Slot], sign: f64) {
-        for ((site, slot), kw) in added_load_kw(problem, job, runs) {
+        for ((site, slot), kw) in problem.added_load_kw(job, runs) {
             self.load_kw[site][slot] += sign * kw;
         }
         let gpus = problem.jobs[job].gpus;
@@ -91,31 +89,11 @@ impl Residual {
             return None;
         }
         let mut cost = problem.inst.params.migration_penalty_g * migrations as f64;
-        for ((site, slot), kw) in added_load_kw(problem, job, runs) {
+        for ((site, slot), kw) in problem.added_load_kw(job, runs) {
             cost += self.marginal_cost_g(problem, site, slot, kw)?;
         }
         Some(cost)
     }
-}
-
-/// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends.
-fn added_load_kw(problem: &Problem, job: usize, runs: &[Slot]) -> BTreeMap<(usize, usize), f64> {
-    let mut added: BTreeMap<(usize, usize), f64> = BTreeMap::new();
-    let mut previous = problem.jobs[job].current_site;
-    for run in runs {
-        let site = problem.pools[run.pool].site;
-        *added.entry((site, run.slot)).or_default() +=
-            problem.run_load_kw(job, run.pool, run.level);
-        if let Some(prev) = previous
-            && prev != site
-        {
-            let kw = problem.transfer_kwh(job) / problem.slot_h;
-            *added.entry((prev, run.slot)).or_default() += kw;
-            *added.entry((site, run.slot)).or_default() += kw;
-        }
-        previous = Some(site);
-    }
-    added
 }
 
 /// Work a job's runs deliver under the accounting rules, and its number of migrations; `None`

@@ -31,6 +31,14 @@ pub use validate::{SiteSeries, Validation, validate};
 
 use problem::Problem;
 
+/// Share of the time limit given to the MILP over all jobs; the rest goes to neighbourhood search
+/// when that MILP does not prove its plan optimal.
+const FULL_MILP_SHARE: f64 = 0.4;
+/// HiGHS time limit for one neighbourhood MILP, seconds.
+const NEIGHBOURHOOD_LIMIT_S: f64 = 1.0;
+/// Jobs re-optimised together in one neighbourhood.
+const NEIGHBOURHOOD_JOBS: usize = 6;
+
 /// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
 const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 
@@ -102,13 +110,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     if options.method == Method::Auto {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
         let config = milp::MilpConfig {
-            time_limit_s: options.time_limit_s,
+            time_limit_s: options.time_limit_s * FULL_MILP_SHARE,
             mip_rel_gap: options.mip_rel_gap,
             relax: false,
             soft_work: true,
             log: options.log,
         };
-        match milp::solve(&problem, &include, Some(&heuristic_schedule), &config) {
+        match milp::solve(&problem, &include, Some(&heuristic_schedule), None, &config) {
             Ok(outcome) => {
                 milp_bound = outcome.lower_bound_g;
                 if let Some(schedule) = outcome.schedule {
@@ -157,8 +165,30 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         }
     }
 
-    for (job, reason) in &unserved {
+    for (job, _) in &unserved {
         chosen.runs[*job] = None;
+    }
+    if options.method == Method::Auto && !proven_optimal {
+        let budget_s = options.time_limit_s * (1.0 - FULL_MILP_SHARE);
+        let (improved, n_improvements) =
+            neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);
+        if n_improvements > 0 {
+            let plan = problem.to_plan(&improved, &[]);
+            let unplanned: Vec<Infeasible> = unserved
+                .iter()
+                .map(|(j, r)| Infeasible {
+                    job: instance.jobs[*j].id.clone(),
+                    reason: r.clone(),
+                })
+                .collect();
+            if validate(instance, &Plan { unplanned, ..plan }).valid {
+                chosen = improved;
+                method =
+                    format!("{method}, then {n_improvements} neighbourhood MILP improvement(s)");
+            }
+        }
+    }
+    for (job, reason) in &unserved {
         infeasible.push(Infeasible {
             job: instance.jobs[*job].id.clone(),
             reason: reason.clone(),
@@ -169,13 +199,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let evaluation = problem.evaluate(&chosen);
 
     // Lower bound over plans serving the same jobs: the MILP's dual bound when it covered exactly
-    // those jobs, else the LP relaxation over them.
+    // those jobs, and the LP relaxation over them (below).
     let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
     let mut lower_bound_g = match (milp_bound, all_included_served) {
         (Some(bound), true) => Some(bound),
         _ => None,
     };
-    if lower_bound_g.is_none() {
+    // Unless the MILP proved its plan optimal, the LP relaxation over the served jobs is solved
+    // too: a MILP stopped early may not have finished its root, and the better bound is kept.
+    if !proven_optimal {
         let config = milp::MilpConfig {
             // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a
             // plan without a bound cannot say how good it is.
@@ -185,9 +217,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             soft_work: false,
             log: options.log,
         };
-        lower_bound_g = milp::solve(&problem, &served, None, &config)
+        let lp_bound = milp::solve(&problem, &served, None, None, &config)
             .ok()
             .and_then(|o| o.lower_bound_g);
+        lower_bound_g = match (lower_bound_g, lp_bound) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
     let objective_g = evaluation.objective_g;
     let lower_bound_g = lower_bound_g.unwrap_or(0.0).clamp(0.0, objective_g);
@@ -232,4 +268,75 @@ pub fn baseline_emissions_g(instance: &Instance) -> f64 {
     problem
         .evaluate(&heuristic::run_now(&problem, &skip))
         .emissions_g
+}
+
+/// Large-neighbourhood search: re-optimises groups of jobs that overlap in time with the exact
+/// MILP while every other job stays where it is, keeping each change that lowers the objective.
+/// Spends at most `budget_s` in HiGHS (each neighbourhood has its own limit). Returns the
+/// schedule and how many neighbourhoods improved it.
+fn neighbourhood_search(
+    problem: &Problem,
+    start: &problem::Schedule,
+    budget_s: f64,
+    mip_rel_gap: f64,
+) -> (problem::Schedule, usize) {
+    let mut current = start.clone();
+    let mut current_objective = problem.evaluate(&current).objective_g;
+    let mut served: Vec<usize> = (0..problem.jobs.len())
+        .filter(|&j| current.runs[j].is_some())
+        .collect();
+    if served.len() <= NEIGHBOURHOOD_JOBS {
+        return (current, 0);
+    }
+    served.sort_by_key(|&j| (problem.jobs[j].window.start, problem.jobs[j].window.end, j));
+    let groups: Vec<&[usize]> = (0..served.len())
+        .step_by(NEIGHBOURHOOD_JOBS / 2)
+        .map(|i| &served[i..(i + NEIGHBOURHOOD_JOBS).min(served.len())])
+        .collect();
+    let max_solves = (budget_s / NEIGHBOURHOOD_LIMIT_S).floor() as usize;
+    let config = milp::MilpConfig {
+        time_limit_s: NEIGHBOURHOOD_LIMIT_S,
+        mip_rel_gap,
+        relax: false,
+        soft_work: false,
+        log: false,
+    };
+    let mut solves = 0;
+    let mut improvements = 0;
+    'rounds: loop {
+        let mut improved = false;
+        for group in &groups {
+            if solves >= max_solves {
+                break 'rounds;
+            }
+            solves += 1;
+            let mut include = vec![false; problem.jobs.len()];
+            for &j in *group {
+                include[j] = true;
+            }
+            let Ok(outcome) =
+                milp::solve(problem, &include, Some(&current), Some(&current), &config)
+            else {
+                continue;
+            };
+            let Some(schedule) = outcome.schedule else {
+                continue;
+            };
+            let mut candidate = current.clone();
+            for &j in *group {
+                candidate.runs[j] = schedule.runs[j].clone();
+            }
+            let objective = problem.evaluate(&candidate).objective_g;
+            if objective < current_objective - 1e-6 * current_objective.max(1.0) {
+                current = candidate;
+                current_objective = objective;
+                improvements += 1;
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    (current, improvements)
 }

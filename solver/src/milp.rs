@@ -57,10 +57,14 @@ impl Builder {
 type JobVars = BTreeMap<(usize, usize, usize), usize>;
 
 /// Builds and solves the model over the jobs with `include[j]`, starting from `warm` if given.
+///
+/// Jobs left out of `include` but planned in `fixed` stay where `fixed` has them: their GPUs and
+/// load are a fixed background for the included jobs.
 pub(crate) fn solve(
     problem: &Problem,
     include: &[bool],
     warm: Option<&Schedule>,
+    fixed: Option<&Schedule>,
     config: &MilpConfig,
 ) -> Result<MilpOutcome, String> {
     let n_sites = problem.inst.sites.len();
@@ -91,6 +95,21 @@ pub(crate) fn solve(
     let mut x_vars: Vec<JobVars> = vec![JobVars::new(); problem.jobs.len()];
     // Column positions of the variables the solution is read from.
     let mut unserved_vars: Vec<Option<usize>> = vec![None; problem.jobs.len()];
+    if let Some(fixed) = fixed {
+        for (job, runs) in fixed.runs.iter().enumerate() {
+            let Some(runs) = runs.as_ref().filter(|_| !include[job]) else {
+                continue;
+            };
+            for run in runs {
+                *used.entry((run.pool, run.slot)).or_default() +=
+                    Expression::from(f64::from(problem.jobs[job].gpus));
+            }
+            for ((site, slot), kw) in problem.added_load_kw(job, runs) {
+                load[site][slot] += Expression::from(kw);
+                warm_load[site][slot] += kw;
+            }
+        }
+    }
     let mut earliness_max_g = 0.0;
     let max_cost = (0..n_sites)
         .flat_map(|s| (0..problem.n_slots).map(move |t| (s, t)))

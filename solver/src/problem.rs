@@ -5,6 +5,7 @@
 //! (progress, loads, emissions, migrations). The validator re-derives all of this independently;
 //! nothing here may be used by `validate`.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::instance::Instance;
@@ -192,6 +193,26 @@ impl<'a> Problem<'a> {
             * f64::from(self.jobs[job].gpus)
             * (p.levels_w[level] - p.idle_w)
             / 1000.0
+    }
+
+    /// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends.
+    pub fn added_load_kw(&self, job: usize, runs: &[Slot]) -> BTreeMap<(usize, usize), f64> {
+        let mut added: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+        let mut previous = self.jobs[job].current_site;
+        for run in runs {
+            let site = self.pools[run.pool].site;
+            *added.entry((site, run.slot)).or_default() +=
+                self.run_load_kw(job, run.pool, run.level);
+            if let Some(prev) = previous
+                && prev != site
+            {
+                let kw = self.transfer_kwh(job) / self.slot_h;
+                *added.entry((prev, run.slot)).or_default() += kw;
+                *added.entry((site, run.slot)).or_default() += kw;
+            }
+            previous = Some(site);
+        }
+        added
     }
 
     /// Work hours one slot delivers at a pool and level.
