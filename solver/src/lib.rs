@@ -31,8 +31,9 @@ pub use validate::{SiteSeries, Validation, validate};
 
 use problem::Problem;
 
-/// Share of the time limit given to the MILP over all jobs; the rest goes to neighbourhood search
-/// when that MILP does not prove its plan optimal.
+/// Share of the time limit given to the MILP over all jobs when there are more than twice
+/// `NEIGHBOURHOOD_JOBS`; the rest goes to neighbourhood search when that MILP does not prove its
+/// plan optimal.
 const FULL_MILP_SHARE: f64 = 0.4;
 /// HiGHS time limit for one neighbourhood MILP, seconds.
 const NEIGHBOURHOOD_LIMIT_S: f64 = 1.0;
@@ -107,10 +108,18 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let mut proven_optimal = false;
     let mut milp_bound: Option<f64> = None;
 
+    // Small instances get the whole limit for the exact MILP: neighbourhoods would cover most of
+    // them anyway.
+    let n_included = skip.iter().filter(|s| !**s).count();
+    let full_milp_share = if n_included <= 2 * NEIGHBOURHOOD_JOBS {
+        1.0
+    } else {
+        FULL_MILP_SHARE
+    };
     if options.method == Method::Auto {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
         let config = milp::MilpConfig {
-            time_limit_s: options.time_limit_s * FULL_MILP_SHARE,
+            time_limit_s: options.time_limit_s * full_milp_share,
             mip_rel_gap: options.mip_rel_gap,
             relax: false,
             soft_work: true,
@@ -169,7 +178,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         chosen.runs[*job] = None;
     }
     if options.method == Method::Auto && !proven_optimal {
-        let budget_s = options.time_limit_s * (1.0 - FULL_MILP_SHARE);
+        let budget_s = options.time_limit_s * (1.0 - full_milp_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);
         if n_improvements > 0 {
