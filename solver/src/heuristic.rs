@@ -330,6 +330,9 @@ fn cheapest_slots(
             options.push(option);
         }
     }
+    if view.work_hours <= 1e-9 {
+        return Some((0.0, Vec::new()));
+    }
     options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.slot.cmp(&b.1.slot)));
     let mut chosen: Vec<Slot> = Vec::new();
     for (_, slot) in options {
@@ -413,6 +416,8 @@ pub(crate) fn alone_infeasibility(problem: &Problem, job: usize) -> Option<Infea
             "not enough GPUs: needs {} GPUs of {wanted} at one site, and no site has that many",
             spec.gpus
         ))
+    } else if view.work_hours <= 1e-9 {
+        None
     } else if view.window.is_empty() {
         Some(format!(
             "not enough time: no whole slot lies between release {} and deadline {} inside the horizon",

@@ -362,7 +362,7 @@ pub(crate) fn solve(
             .iter()
             .map(|&p| problem.slot_work_h(p, 0))
             .fold(0.0, f64::max);
-        let min_slots = (view.work_hours / most_per_slot_h - 1e-9).ceil().max(1.0);
+        let min_slots = (view.work_hours / most_per_slot_h - 1e-9).ceil().max(0.0);
         let mut slot_count_cut = run_slots;
         if config.soft_work {
             let max_thr_speed = pools

@@ -33,6 +33,7 @@ pub(crate) struct JobView {
     pub current_site: Option<usize>,
     pub home_site: usize,
     pub gpus: u32,
+    /// Work that must be done inside the horizon (see [`required_work_h`]).
     pub work_hours: f64,
     pub migratable: bool,
 }
@@ -122,6 +123,7 @@ impl<'a> Problem<'a> {
             }
         }
         let start = inst.start_utc.0;
+        let horizon_end = start + chrono::Duration::seconds((slot_s * inst.slots as f64) as i64);
         let jobs = inst
             .jobs
             .iter()
@@ -150,7 +152,7 @@ impl<'a> Problem<'a> {
                     current_site: job.current_site.as_deref().and_then(site_index),
                     home_site: site_index(&job.home_site).expect("instance checked"),
                     gpus: job.gpus,
-                    work_hours: job.work_hours,
+                    work_hours: required_work_h(job, start, horizon_end),
                     migratable: job.migratable,
                 }
             })
@@ -328,4 +330,22 @@ impl<'a> Problem<'a> {
             unplanned: unplanned.to_vec(),
         }
     }
+}
+
+/// Work a job must do inside the horizon: all of it when its deadline falls inside the horizon;
+/// otherwise the share of its remaining window (from release or horizon start to deadline) that
+/// lies inside the horizon. Rationale: a rolling planner must not push work past its horizon, where
+/// it knows nothing, nor demand work the deadline does not yet require.
+pub(crate) fn required_work_h(
+    job: &crate::instance::Job,
+    start: chrono::DateTime<chrono::Utc>,
+    horizon_end: chrono::DateTime<chrono::Utc>,
+) -> f64 {
+    if job.deadline_utc.0 <= horizon_end {
+        return job.work_hours;
+    }
+    let from = job.release_utc.0.max(start);
+    let inside_s = (horizon_end - from).num_seconds().max(0) as f64;
+    let whole_s = (job.deadline_utc.0 - from).num_seconds().max(1) as f64;
+    job.work_hours * inside_s / whole_s
 }

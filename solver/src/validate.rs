@@ -276,10 +276,26 @@ pub fn validate(instance: &Instance, plan: &Plan) -> Validation {
             }
             progress_h += effective_h * spec.speed * spec.throughput[level];
         }
-        if progress_h + TOL < job.work_hours {
+        // A deadline past the horizon requires the horizon's pro-rata share of the work.
+        let horizon_end =
+            start + chrono::Duration::seconds((instance.slots as f64 * slot_s) as i64);
+        let required_h = if job.deadline_utc.0 <= horizon_end {
+            job.work_hours
+        } else {
+            let from = job.release_utc.0.max(start);
+            let inside_s = (horizon_end - from).num_seconds().max(0) as f64;
+            let whole_s = (job.deadline_utc.0 - from).num_seconds().max(1) as f64;
+            job.work_hours * inside_s / whole_s
+        };
+        if progress_h + TOL < required_h {
+            let what = if required_h < job.work_hours {
+                "work hours required inside the horizon (its deadline lies past it)"
+            } else {
+                "work hours before its deadline"
+            };
             violations.push(format!(
-                "job {}: plan completes {progress_h:.4} of {:.4} work hours before its deadline",
-                job.id, job.work_hours
+                "job {}: plan completes {progress_h:.4} of {required_h:.4} {what}",
+                job.id
             ));
         }
     }

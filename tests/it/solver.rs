@@ -161,6 +161,45 @@ fn infeasible_jobs_are_named_and_the_rest_still_plan() {
     assert!(planned.len() >= 8, "the other jobs still plan: {planned:?}");
 }
 
+#[test]
+fn a_deadline_past_the_horizon_requires_only_the_horizons_share() {
+    // 12 slots; the job's window runs 12 h past the horizon, so half its 16 work hours must be
+    // done inside it: 8 h fit in 12 slots, the full 16 h would not.
+    let mut instance = random_instance(4, 3, 2, 12);
+    let deadline = instance.start_utc.0 + chrono::Duration::hours(24);
+    instance.jobs[0].release_utc = instance.start_utc;
+    instance.jobs[0].deadline_utc = windfall_solver::UtcTime(deadline);
+    instance.jobs[0].work_hours = 16.0;
+    instance.jobs[0].gpu_models = vec!["H100".into()];
+    instance.check().unwrap();
+    let solution = solve(&instance, &exact());
+    assert!(
+        solution.metrics.infeasible_jobs.is_empty(),
+        "{:?}",
+        solution.metrics.infeasible_jobs
+    );
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    let slots = solution
+        .plan
+        .assignments
+        .iter()
+        .filter(|a| a.job == instance.jobs[0].id)
+        .count();
+    assert!((8..=12).contains(&slots), "{slots} slots");
+    // Without any run the validator names the required share.
+    let mut short = solution.plan.clone();
+    short.assignments.retain(|a| a.job != instance.jobs[0].id);
+    short.migrations.retain(|m| m.job != instance.jobs[0].id);
+    let found = validate(&instance, &short).violations;
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("of 8.0000 work hours required inside the horizon")),
+        "{found:?}"
+    );
+}
+
 /// A tiny instance for enumeration: 2 sites x 2 GPUs, 4 slots, 2 power levels, 2 jobs.
 fn tiny_instance(seed: u64) -> Instance {
     let mut rng = Rng::new(seed);
