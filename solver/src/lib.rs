@@ -101,6 +101,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         }
     }
 
+    let named = |jobs: &[(usize, String)]| -> Vec<Infeasible> {
+        jobs.iter()
+            .map(|(j, reason)| Infeasible {
+                job: instance.jobs[*j].id.clone(),
+                reason: reason.clone(),
+            })
+            .collect()
+    };
     let (heuristic_schedule, heuristic_failed) = heuristic::construct(&problem, &skip);
     let mut chosen = heuristic_schedule.clone();
     let mut unserved: Vec<(usize, String)> = heuristic_failed.clone();
@@ -139,17 +147,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         .iter()
                         .map(|&j| (j, reason.to_string()))
                         .collect();
-                    let candidate_plan = problem.to_plan(&schedule, &[]);
-                    let candidate_plan = Plan {
-                        unplanned: candidate_unserved
-                            .iter()
-                            .map(|(j, r)| Infeasible {
-                                job: instance.jobs[*j].id.clone(),
-                                reason: r.clone(),
-                            })
-                            .collect(),
-                        ..candidate_plan
-                    };
+                    let candidate_plan = problem.to_plan(&schedule, &named(&candidate_unserved));
                     // The MILP answer must pass the independent validator before it is used.
                     if validate(instance, &candidate_plan).valid {
                         proven_optimal = outcome.proven_optimal;
@@ -181,28 +179,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let budget_s = options.time_limit_s * (1.0 - full_milp_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);
-        if n_improvements > 0 {
-            let plan = problem.to_plan(&improved, &[]);
-            let unplanned: Vec<Infeasible> = unserved
-                .iter()
-                .map(|(j, r)| Infeasible {
-                    job: instance.jobs[*j].id.clone(),
-                    reason: r.clone(),
-                })
-                .collect();
-            if validate(instance, &Plan { unplanned, ..plan }).valid {
-                chosen = improved;
-                method =
-                    format!("{method}, then {n_improvements} neighbourhood MILP improvement(s)");
-            }
+        if n_improvements > 0
+            && validate(instance, &problem.to_plan(&improved, &named(&unserved))).valid
+        {
+            chosen = improved;
+            method = format!("{method}, then {n_improvements} neighbourhood MILP improvement(s)");
         }
     }
-    for (job, reason) in &unserved {
-        infeasible.push(Infeasible {
-            job: instance.jobs[*job].id.clone(),
-            reason: reason.clone(),
-        });
-    }
+    infeasible.extend(named(&unserved));
     infeasible.sort_by(|a, b| a.job.cmp(&b.job));
     let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
     let evaluation = problem.evaluate(&chosen);
