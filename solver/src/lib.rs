@@ -281,11 +281,25 @@ fn neighbourhood_search(
     if served.len() <= NEIGHBOURHOOD_JOBS {
         return (current, 0);
     }
+    // Two families of neighbourhoods, each a sliding group over a job order: jobs that overlap in
+    // time, and jobs that share a site (by where they start) and overlap in time.
     served.sort_by_key(|&j| (problem.jobs[j].window.start, problem.jobs[j].window.end, j));
-    let groups: Vec<&[usize]> = (0..served.len())
-        .step_by(NEIGHBOURHOOD_JOBS / 2)
-        .map(|i| &served[i..(i + NEIGHBOURHOOD_JOBS).min(served.len())])
-        .collect();
+    let mut by_site = served.clone();
+    let first_site = |j: usize| {
+        start.runs[j]
+            .as_ref()
+            .and_then(|runs| runs.first())
+            .map_or(usize::MAX, |r| problem.pools[r.pool].site)
+    };
+    by_site.sort_by_key(|&j| (first_site(j), problem.jobs[j].window.start, j));
+    let sliding = |order: &Vec<usize>| -> Vec<Vec<usize>> {
+        (0..order.len())
+            .step_by(NEIGHBOURHOOD_JOBS / 2)
+            .map(|i| order[i..(i + NEIGHBOURHOOD_JOBS).min(order.len())].to_vec())
+            .collect()
+    };
+    let mut groups = sliding(&served);
+    groups.extend(sliding(&by_site));
     let max_solves = (budget_s / NEIGHBOURHOOD_LIMIT_S).floor() as usize;
     let config = milp::MilpConfig {
         time_limit_s: NEIGHBOURHOOD_LIMIT_S,
@@ -304,7 +318,7 @@ fn neighbourhood_search(
             }
             solves += 1;
             let mut include = vec![false; problem.jobs.len()];
-            for &j in *group {
+            for &j in group {
                 include[j] = true;
             }
             let Ok(outcome) =
@@ -316,7 +330,7 @@ fn neighbourhood_search(
                 continue;
             };
             let mut candidate = current.clone();
-            for &j in *group {
+            for &j in group {
                 candidate.runs[j] = schedule.runs[j].clone();
             }
             let objective = problem.evaluate(&candidate).objective_g;
