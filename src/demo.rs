@@ -63,7 +63,12 @@ pub async fn run(config: &DemoConfig, now: DateTime<Utc>) -> Result<DemoOutcome>
         slot_minutes: 60,
         slots: config.slots,
     };
-    let (instance, provenance) = fleet::build_instance(&store, horizon).await?;
+    let (first, last) = windfall_forecasts::samples::SIGNALS_RANGE_UTC;
+    let (instance, provenance) = fleet::build_instance(&store, horizon)
+        .await
+        .with_context(|| {
+            format!("the bundled samples cover {first} to {last}; choose --start and --slots inside that range")
+        })?;
     eprintln!(
         "[3/4] planning {} jobs over {} sites x {} slots (MILP time limit {} s)",
         instance.jobs.len(),

@@ -524,7 +524,7 @@ fn check_series(
 }
 
 /// serde_json appends " at line L column C"; the error carries those separately.
-fn strip_position(message: &str) -> String {
+pub(crate) fn strip_position(message: &str) -> String {
     match message.rfind(" at line ") {
         Some(idx) => message[..idx].to_string(),
         None => message.to_string(),

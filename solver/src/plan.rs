@@ -104,7 +104,7 @@ impl Plan {
             let inner = err.into_inner();
             crate::InstanceError::Syntax {
                 path,
-                message: inner.to_string(),
+                message: crate::instance::strip_position(&inner.to_string()),
                 line: inner.line(),
                 column: inner.column(),
             }
