@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use windfall_solver::{Instance, Method, Plan, SolveOptions, solve, validate};
 
 /// windfall places deferrable GPU jobs across sites so they run on curtailed renewable energy
@@ -25,6 +25,14 @@ pub struct Cli {
 }
 
 /// The commands.
+/// `windfall solve --method`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum MethodArg {
+    Auto,
+    Heuristic,
+    ColumnGeneration,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the main job on the embedded default: fresh SQLite database, bundled sample sites,
@@ -55,15 +63,21 @@ pub enum Command {
         /// Write the plan as JSON to this file.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// MILP time limit in seconds. When the MILP ends without a bound, the LP relaxation that
-        /// bounds the plan gets at least 10 s more.
+        /// Time limit in seconds for the MILP work (the exact MILP, or the column-generation master
+        /// MILP and the neighbourhood search). The LP relaxation that bounds the plan gets at least
+        /// 10 s more when nothing else proved the plan optimal.
         #[arg(long, default_value_t = 30.0)]
         time_limit: f64,
-        /// Relative MIP gap at which the MILP stops as optimal.
+        /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
         #[arg(long, default_value_t = 1e-4)]
         gap: f64,
-        /// Use only the constructive heuristic (fast, no optimality claim).
-        #[arg(long)]
+        /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation above), `heuristic`
+        /// (constructive heuristic alone: fast, no optimality claim) or `column-generation` (at any
+        /// size).
+        #[arg(long, value_enum, default_value_t = MethodArg::Auto)]
+        method: MethodArg,
+        /// Shorthand for `--method heuristic`.
+        #[arg(long, conflicts_with = "method")]
         heuristic: bool,
         /// Print the MILP solver's (HiGHS) log to standard output.
         #[arg(long, conflicts_with = "json")]
@@ -140,6 +154,7 @@ fn run(command: Command) -> Result<ExitCode> {
             out,
             time_limit,
             gap,
+            method,
             heuristic,
             solver_log,
         } => {
@@ -150,7 +165,11 @@ fn run(command: Command) -> Result<ExitCode> {
                 method: if heuristic {
                     Method::Heuristic
                 } else {
-                    Method::Auto
+                    match method {
+                        MethodArg::Auto => Method::Auto,
+                        MethodArg::Heuristic => Method::Heuristic,
+                        MethodArg::ColumnGeneration => Method::ColumnGeneration,
+                    }
                 },
                 log: solver_log,
             };

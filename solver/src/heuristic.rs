@@ -98,7 +98,7 @@ impl Residual {
 
 /// Work a job's runs deliver under the accounting rules, and its number of migrations; `None`
 /// when a move breaks the feasibility domain or the job may not move.
-fn progress(problem: &Problem, job: usize, runs: &[Slot]) -> Option<(f64, usize)> {
+pub(crate) fn progress(problem: &Problem, job: usize, runs: &[Slot]) -> Option<(f64, usize)> {
     let view = &problem.jobs[job];
     let mut previous = view.current_site;
     let mut moved: Option<(usize, f64)> = None; // (migration slot, transfer seconds)

@@ -13,11 +13,13 @@
 //! - `problem`: the indexed view, internal schedules and the accounting rules;
 //! - `heuristic`: run-now baseline and the constructive heuristic;
 //! - `milp`: the exact MILP;
+//! - `colgen`: column generation over per-job schedules and its Lagrangian bound;
 //! - `validate`: the independent oracle.
 
 // Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
 #![allow(clippy::needless_range_loop)]
 
+mod colgen;
 mod heuristic;
 pub mod instance;
 mod milp;
@@ -31,9 +33,9 @@ pub use validate::{SiteSeries, Validation, validate};
 
 use problem::Problem;
 
-/// Share of the time limit given to the MILP over all jobs when there are more than twice
-/// `NEIGHBOURHOOD_JOBS`; the rest goes to neighbourhood search when that MILP does not prove its
-/// plan optimal.
+/// Share of the time limit given to the column-generation master MILP (used when there are more
+/// than twice `NEIGHBOURHOOD_JOBS` jobs); the rest goes to neighbourhood search when the plan is
+/// not proven optimal.
 const FULL_MILP_SHARE: f64 = 0.4;
 /// HiGHS time limit for one neighbourhood MILP, seconds.
 const NEIGHBOURHOOD_LIMIT_S: f64 = 1.0;
@@ -46,11 +48,15 @@ const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 /// Which algorithm `solve` may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
-    /// The heuristic, then the exact MILP started from it within the time limit.
+    /// The heuristic, then the exact MILP started from it on up to 12 jobs, column generation
+    /// above; neighbourhood search uses what time is left.
     #[default]
     Auto,
     /// The constructive heuristic alone.
     Heuristic,
+    /// The heuristic, then column generation and neighbourhood search at any size (`Auto` uses
+    /// the exact MILP instead on up to 12 jobs).
+    ColumnGeneration,
 }
 
 /// How hard to try.
@@ -124,7 +130,55 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         FULL_MILP_SHARE
     };
-    if options.method == Method::Auto {
+    let mut colgen_bound: Option<f64> = None;
+    let use_colgen = options.method == Method::ColumnGeneration
+        || (options.method == Method::Auto && n_included > 2 * NEIGHBOURHOOD_JOBS);
+    let full_milp_share = if use_colgen {
+        FULL_MILP_SHARE
+    } else {
+        full_milp_share
+    };
+    if use_colgen {
+        // Column generation over the jobs the heuristic placed, seeded with its plan.
+        let include: Vec<bool> = (0..n_jobs)
+            .map(|j| heuristic_schedule.runs[j].is_some())
+            .collect();
+        let config = colgen::ColgenConfig {
+            mip_time_limit_s: options.time_limit_s * full_milp_share,
+            mip_rel_gap: options.mip_rel_gap,
+            log: options.log,
+        };
+        match colgen::solve(&problem, &include, &heuristic_schedule, &config) {
+            Ok(outcome) => {
+                colgen_bound = outcome.lower_bound_g;
+                let summary = format!(
+                    "column generation ({} columns, {} rounds{})",
+                    outcome.columns,
+                    outcome.rounds,
+                    if outcome.converged {
+                        ""
+                    } else {
+                        ", stopped before convergence"
+                    }
+                );
+                method = format!("heuristic, then {summary} found nothing better");
+                if let Some(schedule) = outcome.schedule {
+                    let candidate = problem.to_plan(&schedule, &named(&unserved));
+                    let objective = problem.evaluate(&schedule).objective_g;
+                    let current = problem.evaluate(&chosen).objective_g;
+                    if objective < current && validate(instance, &candidate).valid {
+                        chosen = schedule;
+                        method = summary;
+                    }
+                }
+                if let Some(bound) = colgen_bound {
+                    let objective = problem.evaluate(&chosen).objective_g;
+                    proven_optimal = objective - bound <= options.mip_rel_gap * objective.abs();
+                }
+            }
+            Err(err) => method = format!("heuristic (column generation: {err})"),
+        }
+    } else if options.method == Method::Auto {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
         let config = milp::MilpConfig {
             time_limit_s: options.time_limit_s * full_milp_share,
@@ -175,7 +229,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
-    if options.method == Method::Auto && !proven_optimal {
+    if options.method != Method::Heuristic && !proven_optimal {
         let budget_s = options.time_limit_s * (1.0 - full_milp_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);
@@ -198,6 +252,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         (Some(bound), true) => Some(bound),
         _ => None,
     };
+    // The column-generation bound covers exactly the jobs the heuristic served, which the
+    // neighbourhood search keeps served.
+    if let Some(bound) = colgen_bound
+        && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
+    {
+        lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
+    }
     // Unless the MILP proved its plan optimal, the LP relaxation over the served jobs is solved
     // too: a MILP stopped early may not have finished its root, and the better bound is kept.
     if !proven_optimal {

@@ -376,3 +376,153 @@ fn tiny_instances_match_brute_force() {
     );
     eprintln!("brute force: {compared} instances compared, {with_moves} optimal plans migrate");
 }
+
+#[test]
+fn column_generation_bound_is_below_the_exact_optimum() {
+    // The Lagrangian bound of column generation against optima the exact MILP proves, on random
+    // instances (with migrations, power levels, surplus and grid limits) and on tiny ones checked
+    // by brute force.
+    let mut compared = 0;
+    for seed in 2..10 {
+        let instance = random_instance(seed, 6, 3, 10);
+        let optimum = solve(&instance, &exact());
+        if optimum.metrics.status != "optimal" {
+            continue;
+        }
+        let colgen = solve(
+            &instance,
+            &SolveOptions {
+                time_limit_s: 3.0,
+                method: Method::ColumnGeneration,
+                ..exact()
+            },
+        );
+        let m = &colgen.metrics;
+        let check = validate(&instance, &colgen.plan);
+        assert!(check.valid, "seed {seed}: {:?}", check.violations);
+        assert!(m.infeasible_jobs.is_empty(), "seed {seed}: {m:?}");
+        let exact_g = optimum.metrics.objective_g;
+        let tolerance = 1e-6 * exact_g.max(1.0);
+        assert!(
+            m.lower_bound_g <= exact_g + tolerance,
+            "seed {seed}: bound {} above the optimum {exact_g}",
+            m.lower_bound_g
+        );
+        assert!(
+            m.objective_g >= exact_g - tolerance,
+            "seed {seed}: plan {} below the optimum {exact_g}",
+            m.objective_g
+        );
+        assert!(m.lower_bound_g > 0.5 * exact_g, "seed {seed}: {m:?}");
+        compared += 1;
+    }
+    assert!(
+        compared >= 4,
+        "only {compared} instances were proven optimal"
+    );
+    for seed in 0..12 {
+        let instance = tiny_instance(seed);
+        let Some(optimum) = brute_force_optimum(&instance) else {
+            continue;
+        };
+        let colgen = solve(
+            &instance,
+            &SolveOptions {
+                time_limit_s: 3.0,
+                method: Method::ColumnGeneration,
+                ..exact()
+            },
+        );
+        if colgen.metrics.status == "partial" {
+            continue; // the heuristic seed could not place every job; no bound is claimed
+        }
+        assert!(
+            colgen.metrics.lower_bound_g <= optimum + 1e-6 * optimum.max(1.0),
+            "seed {seed}: bound {} above the brute-force optimum {optimum}",
+            colgen.metrics.lower_bound_g
+        );
+    }
+}
+
+#[test]
+fn column_generation_plans_validate_on_random_instances() {
+    for seed in 20..24 {
+        let instance = random_instance(seed, 30, 4, 24);
+        let solution = solve(
+            &instance,
+            &SolveOptions {
+                time_limit_s: 4.0,
+                mip_rel_gap: 1e-4,
+                method: Method::ColumnGeneration,
+                log: false,
+            },
+        );
+        let m = &solution.metrics;
+        let check = validate(&instance, &solution.plan);
+        assert!(check.valid, "seed {seed}: {:?}", check.violations);
+        assert!(
+            relative_difference(m.emissions_g, check.emissions_g) < 1e-6,
+            "seed {seed}: {} vs {}",
+            m.emissions_g,
+            check.emissions_g
+        );
+        assert!(
+            m.lower_bound_g <= m.objective_g + 1e-6,
+            "seed {seed}: {m:?}"
+        );
+        assert!(m.method.contains("column generation"), "{m:?}");
+    }
+}
+
+/// One job that must run four hourly slots: site `a` is clean in slots 0-1, site `b` in 2-3.
+fn moving_pays_instance(link_gbps: f64) -> Instance {
+    let text = format!(
+        r#"{{
+      "start_utc": "2023-06-01T00:00:00Z", "slot_minutes": 60, "slots": 4,
+      "gpu_models": {{ "H100": {{ "power_levels_w": [700], "throughput": [1.0], "idle_w": 0 }} }},
+      "sites": [
+        {{ "id": "a", "gpus": {{ "H100": 1 }}, "pue": 1.0, "wan_gbps": {link_gbps},
+          "surplus_kw": [0, 0, 0, 0], "carbon_g_per_kwh": [50, 50, 600, 600] }},
+        {{ "id": "b", "gpus": {{ "H100": 1 }}, "pue": 1.0, "wan_gbps": {link_gbps},
+          "surplus_kw": [0, 0, 0, 0], "carbon_g_per_kwh": [600, 600, 50, 50] }}
+      ],
+      "jobs": [
+        {{ "id": "train", "gpus": 1, "work_hours": 3.9, "release_utc": "2023-06-01T00:00:00Z",
+          "deadline_utc": "2023-06-01T04:00:00Z", "checkpoint_gb": 500, "save_s": 30,
+          "restore_s": 30, "migratable": true, "home_site": "a" }}
+      ],
+      "params": {{ "alpha": 0.1, "transfer_kwh_per_gb": 0 }}
+    }}"#
+    );
+    Instance::from_json(&text).unwrap()
+}
+
+#[test]
+fn a_migration_outside_the_feasibility_domain_is_not_planned() {
+    // 500 GB over 1 Gbit/s takes 4,060 s, more than 0.1 x the two-hour window at `b`: the job
+    // must stay put. Over 100 Gbit/s it takes 100 s, and moving halves the emissions.
+    for method in [Method::Auto, Method::ColumnGeneration] {
+        let options = SolveOptions { method, ..exact() };
+        let narrow = moving_pays_instance(1.0);
+        let stay = solve(&narrow, &options);
+        assert!(validate(&narrow, &stay.plan).valid);
+        assert!(
+            stay.metrics.infeasible_jobs.is_empty(),
+            "{:?}",
+            stay.metrics
+        );
+        assert!(
+            stay.plan.migrations.is_empty(),
+            "{:?}",
+            stay.plan.migrations
+        );
+
+        let wide = moving_pays_instance(100.0);
+        let moved = solve(&wide, &options);
+        assert!(validate(&wide, &moved.plan).valid);
+        assert_eq!(moved.plan.migrations.len(), 1, "{:?}", moved.plan);
+        let migration = &moved.plan.migrations[0];
+        assert_eq!((migration.from.as_str(), migration.to.as_str()), ("a", "b"));
+        assert!(moved.metrics.emissions_g < 0.5 * stay.metrics.emissions_g);
+    }
+}
