@@ -253,6 +253,7 @@ pub async fn build_instance(
         links_gbps: store.links().await?,
         jobs,
         params: Params::default(),
+        previous_assignments: Vec::new(),
     };
     instance
         .check()

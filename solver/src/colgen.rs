@@ -114,7 +114,30 @@ fn cheapest_schedule(
 ) -> Option<(f64, Vec<Slot>)> {
     let view = &problem.jobs[job];
     if view.work_hours <= 1e-9 {
-        return Some((0.0, Vec::new()));
+        // Nothing to run; in the relaxation a slot may still pay off (a previous run kept), so
+        // the value is the sum of each slot's cheapest negative option, transfer costs ignored.
+        let value: f64 = if round_up {
+            view.window
+                .clone()
+                .map(|slot| {
+                    view.pools
+                        .iter()
+                        .filter(|&&p| sites.contains(&problem.pools[p].site))
+                        .flat_map(|&pool| {
+                            (0..problem.pools[pool].levels_w.len()).map(move |level| {
+                                let site = problem.pools[pool].site;
+                                problem.change_g(job, slot, pool, level)
+                                    + f64::from(view.gpus) * prices.gpu[pool][slot]
+                                    + problem.run_load_kw(job, pool, level) * prices.kw[site][slot]
+                            })
+                        })
+                        .fold(0.0, f64::min)
+                })
+                .sum()
+        } else {
+            0.0
+        };
+        return Some((value, Vec::new()));
     }
     let window = view.window.clone();
     if window.is_empty() || sites.is_empty() {
@@ -217,6 +240,7 @@ fn cheapest_schedule(
                         let units = to_units(work_h);
                         let cost = base
                             + extra_g
+                            + problem.change_g(job, slot, pool, level)
                             + f64::from(view.gpus) * prices.gpu[pool][slot]
                             + kw * prices.kw[site][slot];
                         let target = idx(to, (u + units).min(k));
@@ -315,9 +339,13 @@ pub(crate) fn solve(
             entries.push((rows.pow(site, slot), kw));
         }
         entries.push((rows.conv[job].expect("included job"), 1.0));
+        let change_g: f64 = runs
+            .iter()
+            .map(|r| problem.change_g(job, r.slot, r.pool, r.level))
+            .sum();
         Some(Column {
             job,
-            cost_g: problem.inst.params.migration_penalty_g * real.unwrap_or(0) as f64,
+            cost_g: problem.inst.params.migration_penalty_g * real.unwrap_or(0) as f64 + change_g,
             real: real.is_some(),
             runs,
             entries,
@@ -401,7 +429,8 @@ pub(crate) fn solve(
         };
         // Lagrangian bound: sum of the relaxed pricing minima, the grid draw's own minimum, and
         // the clamped prices times the row bounds.
-        let mut bound = 0.0;
+        // The change penalty's constant part lies outside the master (see `Problem::change_g`).
+        let mut bound = problem.change_constant_g();
         for (i, &u) in upper.iter().enumerate().skip(jobs.len()) {
             bound -= (-duals[i].min(0.0)) * u;
         }
@@ -477,7 +506,8 @@ pub(crate) fn solve(
         }
         if !improving {
             converged = true;
-            best_bound = Some(best_bound.map_or(lp_value, |b| b.max(lp_value)));
+            let lp_bound = lp_value + problem.change_constant_g();
+            best_bound = Some(best_bound.map_or(lp_bound, |b| b.max(lp_bound)));
             break;
         }
         if new_columns.is_empty() {

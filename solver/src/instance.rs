@@ -81,6 +81,12 @@ pub struct Instance {
     /// Model parameters.
     #[serde(default)]
     pub params: Params,
+    /// The previous plan's assignments, for plan stability: for each job they run, each job-slot
+    /// run added or dropped against them costs `params.change_penalty_g` (a slot moved to another site, GPU model or
+    /// power cap counts twice). Entries that no longer match the instance (a job or site gone, a
+    /// cap that is not a level) are ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_assignments: Vec<crate::plan::Assignment>,
 }
 
 /// Power levels and throughput of one GPU model.
@@ -191,6 +197,11 @@ pub struct Params {
     /// Objective penalty per migration, g CO2e.
     #[serde(default)]
     pub migration_penalty_g: f64,
+    /// Objective penalty per job-slot run added or dropped against `previous_assignments`, g
+    /// CO2e. Rationale: a rerun with unchanged inputs returns the same plan, and a job moves only
+    /// for a real gain.
+    #[serde(default = "default_change_penalty_g")]
+    pub change_penalty_g: f64,
 }
 
 fn default_alpha() -> f64 {
@@ -198,6 +209,9 @@ fn default_alpha() -> f64 {
 }
 fn default_transfer_kwh_per_gb() -> f64 {
     0.005
+}
+fn default_change_penalty_g() -> f64 {
+    1.0
 }
 
 impl Default for Params {
@@ -207,6 +221,7 @@ impl Default for Params {
             transfer_kwh_per_gb: default_transfer_kwh_per_gb(),
             lambda_cost_g_per_usd: 0.0,
             migration_penalty_g: 0.0,
+            change_penalty_g: default_change_penalty_g(),
         }
     }
 }
@@ -487,6 +502,7 @@ impl Instance {
             ("transfer_kwh_per_gb", p.transfer_kwh_per_gb),
             ("lambda_cost_g_per_usd", p.lambda_cost_g_per_usd),
             ("migration_penalty_g", p.migration_penalty_g),
+            ("change_penalty_g", p.change_penalty_g),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(invalid(format!("params.{name}"), "must be >= 0"));

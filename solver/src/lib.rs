@@ -115,10 +115,38 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             })
             .collect()
     };
-    let (heuristic_schedule, heuristic_failed) = heuristic::construct(&problem, &skip);
+    let (mut heuristic_schedule, mut heuristic_failed) = heuristic::construct(&problem, &skip);
+    let mut method = "heuristic".to_string();
+    // Plan stability: the previous plan's runs, for every job they still finish, with the
+    // heuristic's runs for the rest, start the search when that is valid and cheaper.
+    if !instance.previous_assignments.is_empty() {
+        let mut kept = heuristic_schedule.clone();
+        for job in (0..n_jobs).filter(|&j| !skip[j]) {
+            let runs = problem.previous_runs(job);
+            let finishes = heuristic::progress(&problem, job, &runs)
+                .is_some_and(|(done_h, _)| done_h + 1e-9 >= problem.jobs[job].work_hours);
+            if !runs.is_empty() && finishes {
+                kept.runs[job] = Some(runs);
+            }
+        }
+        let kept_failed: Vec<(usize, String)> = heuristic_failed
+            .iter()
+            .filter(|(j, _)| kept.runs[*j].is_none())
+            .cloned()
+            .collect();
+        if kept != heuristic_schedule
+            && problem.evaluate(&kept).objective_g
+                < problem.evaluate(&heuristic_schedule).objective_g
+            && validate(instance, &problem.to_plan(&kept, &named(&kept_failed))).valid
+        {
+            heuristic_schedule = kept;
+            heuristic_failed = kept_failed;
+            method = "previous plan (completed by the heuristic)".to_string();
+        }
+    }
+    let start_name = method.clone();
     let mut chosen = heuristic_schedule.clone();
     let mut unserved: Vec<(usize, String)> = heuristic_failed.clone();
-    let mut method = "heuristic".to_string();
     let mut proven_optimal = false;
     let mut milp_bound: Option<f64> = None;
 
@@ -161,7 +189,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         ", stopped before convergence"
                     }
                 );
-                method = format!("heuristic, then {summary} found nothing better");
+                method = format!("{start_name}, then {summary} found nothing better");
                 if let Some(schedule) = outcome.schedule {
                     let candidate = problem.to_plan(&schedule, &named(&unserved));
                     let objective = problem.evaluate(&schedule).objective_g;
@@ -176,7 +204,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     proven_optimal = objective - bound <= options.mip_rel_gap * objective.abs();
                 }
             }
-            Err(err) => method = format!("heuristic (column generation: {err})"),
+            Err(err) => method = format!("{start_name} (column generation: {err})"),
         }
     } else if options.method == Method::Auto {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
@@ -208,21 +236,22 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         method = if outcome.proven_optimal {
                             "milp".to_string()
                         } else if schedule == heuristic_schedule {
-                            "heuristic (the MILP found nothing better within the time limit)"
-                                .to_string()
+                            format!(
+                                "{start_name} (the MILP found nothing better within the time limit)"
+                            )
                         } else {
                             "milp (time limit; best plan found)".to_string()
                         };
                         chosen = schedule;
                         unserved = candidate_unserved;
                     } else {
-                        method = "heuristic (the MILP plan failed validation)".to_string();
+                        method = format!("{start_name} (the MILP plan failed validation)");
                     }
                 } else {
-                    method = "heuristic (the MILP found no plan within the time limit)".to_string();
+                    method = format!("{start_name} (the MILP found no plan within the time limit)");
                 }
             }
-            Err(err) => method = format!("heuristic (MILP: {err})"),
+            Err(err) => method = format!("{start_name} (MILP: {err})"),
         }
     }
 

@@ -168,7 +168,7 @@ pub(crate) fn solve(
                         warm_load[site][slot] += add_kw;
                     }
                     let tie = EARLINESS_G * slot as f64;
-                    b.objective += tie * x;
+                    b.objective += (tie + problem.change_g(job, slot, pool, level)) * x;
                     earliness_max_g += tie;
                 }
             }
@@ -453,14 +453,16 @@ pub(crate) fn solve(
         highs::HighsSolutionStatus::Feasible
     );
     let proven_optimal = matches!(status, S::Optimal);
+    // The model leaves out the change penalty's constant part (see `Problem::change_g`).
+    let constant_g = problem.change_constant_g() - earliness_max_g;
     let lower_bound_g = if config.relax {
-        proven_optimal.then(|| solved.objective_value() - earliness_max_g)
+        proven_optimal.then(|| solved.objective_value() + constant_g)
     } else {
         solved
             .double_info_value(c"mip_dual_bound")
             .ok()
             .filter(|v| v.is_finite())
-            .map(|v| v - earliness_max_g)
+            .map(|v| v + constant_g)
     };
     if matches!(status, S::Infeasible | S::UnboundedOrInfeasible) {
         return Err(

@@ -47,6 +47,8 @@ pub(crate) struct Problem<'a> {
     pub jobs: Vec<JobView>,
     /// Load of a site with every GPU idle, kW.
     pub idle_load_kw: Vec<f64>,
+    /// Per job, the previous plan's runs: slot -> (pool, level).
+    pub previous: Vec<BTreeMap<usize, (usize, usize)>>,
     link_gbps: Vec<Vec<f64>>,
 }
 
@@ -157,8 +159,35 @@ impl<'a> Problem<'a> {
                 }
             })
             .collect();
+        let mut previous: Vec<BTreeMap<usize, (usize, usize)>> =
+            vec![BTreeMap::new(); inst.jobs.len()];
+        for a in &inst.previous_assignments {
+            let Some(job) = inst.jobs.iter().position(|j| j.id == a.job) else {
+                continue;
+            };
+            let Some(site) = site_index(&a.site) else {
+                continue;
+            };
+            let found = pools.iter().enumerate().find_map(|(i, p)| {
+                let model_ok = a.gpu_model.as_ref().is_none_or(|m| *m == p.model);
+                let level = p
+                    .levels_w
+                    .iter()
+                    .position(|&w| (w - a.power_w).abs() < 1e-6);
+                (p.site == site && model_ok)
+                    .then_some(level)
+                    .flatten()
+                    .map(|l| (i, l))
+            });
+            if let Some(run) = found
+                && a.slot < inst.slots
+            {
+                previous[job].insert(a.slot, run);
+            }
+        }
         Problem {
             inst,
+            previous,
             slot_h: slot_s / 3600.0,
             slot_s,
             n_slots: inst.slots,
@@ -215,6 +244,35 @@ impl<'a> Problem<'a> {
             previous = Some(site);
         }
         added
+    }
+
+    /// Objective change (g) of running a job in one slot at a pool and level, against the
+    /// previous plan: `+penalty` for a slot it did not run there, `-penalty` for one it did, and
+    /// nothing for a job the previous plan did not run (a new job moves nothing). With
+    /// [`Problem::change_constant_g`] this sums to the change penalty of any schedule.
+    pub fn change_g(&self, job: usize, slot: usize, pool: usize, level: usize) -> f64 {
+        let penalty = self.inst.params.change_penalty_g;
+        if self.previous[job].is_empty() {
+            0.0
+        } else if self.previous[job].get(&slot) == Some(&(pool, level)) {
+            -penalty
+        } else {
+            penalty
+        }
+    }
+
+    /// Change penalty of a plan that keeps no previous run, g.
+    pub fn change_constant_g(&self) -> f64 {
+        self.inst.params.change_penalty_g
+            * self.previous.iter().map(BTreeMap::len).sum::<usize>() as f64
+    }
+
+    /// The previous plan's runs for a job, in slot order; empty when it had none.
+    pub fn previous_runs(&self, job: usize) -> Vec<Slot> {
+        self.previous[job]
+            .iter()
+            .map(|(&slot, &(pool, level))| Slot { slot, pool, level })
+            .collect()
     }
 
     /// Work hours one slot delivers at a pool and level.
@@ -298,8 +356,18 @@ impl<'a> Problem<'a> {
                     * self.price_usd_per_kwh(site_idx, slot);
             }
         }
-        let objective_g =
-            emissions_g + cost_g + self.inst.params.migration_penalty_g * migrations.len() as f64;
+        let change_g = self.change_constant_g()
+            + schedule
+                .runs
+                .iter()
+                .enumerate()
+                .flat_map(|(job, runs)| runs.iter().flatten().map(move |r| (job, r)))
+                .map(|(job, r)| self.change_g(job, r.slot, r.pool, r.level))
+                .sum::<f64>();
+        let objective_g = emissions_g
+            + cost_g
+            + self.inst.params.migration_penalty_g * migrations.len() as f64
+            + change_g;
         Evaluation {
             emissions_g,
             objective_g,

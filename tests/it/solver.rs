@@ -526,3 +526,85 @@ fn a_migration_outside_the_feasibility_domain_is_not_planned() {
         assert!(moved.metrics.emissions_g < 0.5 * stay.metrics.emissions_g);
     }
 }
+
+#[test]
+fn a_rerun_with_the_previous_plan_returns_the_same_plan() {
+    // Proven optimal first: every other plan costs more, and more again for each change.
+    let mut instance = random_instance(7, 12, 4, 12);
+    let first = solve(&instance, &exact());
+    assert_eq!(first.metrics.status, "optimal", "{:?}", first.metrics);
+    instance.previous_assignments = first.plan.assignments.clone();
+    let again = solve(&instance, &exact());
+    assert_eq!(again.plan, first.plan);
+    assert!(relative_difference(again.metrics.objective_g, first.metrics.objective_g) < 1e-9);
+
+    // Column generation at 30 jobs: the rerun keeps the plan or finds one whose emissions gain
+    // pays for every change.
+    let mut instance = random_instance(7, 30, 4, 24);
+    let options = SolveOptions {
+        time_limit_s: 4.0,
+        method: Method::ColumnGeneration,
+        ..exact()
+    };
+    let first = solve(&instance, &options);
+    instance.previous_assignments = first.plan.assignments.clone();
+    let again = solve(&instance, &options);
+    assert!(validate(&instance, &again.plan).valid);
+    if again.plan != first.plan {
+        let changes = again.metrics.objective_g - again.metrics.emissions_g;
+        assert!(changes >= 2.0 - 1e-9, "{:?}", again.metrics);
+        assert!(
+            again.metrics.emissions_g + changes < first.metrics.emissions_g,
+            "moved without a gain: {:?} vs {:?}",
+            again.metrics,
+            first.metrics
+        );
+    } else {
+        assert!(
+            again.metrics.method.starts_with("previous plan"),
+            "{:?}",
+            again.metrics
+        );
+    }
+}
+
+/// One job needing one hour within two slots at one site; slot 1 is 10 % cleaner than slot 0.
+fn keep_or_move_instance(change_penalty_g: f64) -> Instance {
+    let text = format!(
+        r#"{{
+      "start_utc": "2023-06-01T00:00:00Z", "slot_minutes": 60, "slots": 2,
+      "gpu_models": {{ "H100": {{ "power_levels_w": [700], "throughput": [1.0], "idle_w": 0 }} }},
+      "sites": [
+        {{ "id": "a", "gpus": {{ "H100": 1 }}, "pue": 1.0,
+          "surplus_kw": [0, 0], "carbon_g_per_kwh": [100, 90] }}
+      ],
+      "jobs": [
+        {{ "id": "train", "gpus": 1, "work_hours": 1, "release_utc": "2023-06-01T00:00:00Z",
+          "deadline_utc": "2023-06-01T02:00:00Z", "home_site": "a" }}
+      ],
+      "params": {{ "change_penalty_g": {change_penalty_g} }},
+      "previous_assignments": [ {{ "job": "train", "slot": 0, "site": "a", "power_w": 700 }} ]
+    }}"#
+    );
+    Instance::from_json(&text).unwrap()
+}
+
+#[test]
+fn the_change_penalty_moves_a_job_only_for_a_larger_gain() {
+    // Moving to slot 1 saves 0.7 kWh x 10 g/kWh = 7 g and changes two job-slots.
+    let slot_of = |solution: &windfall_solver::Solution| solution.plan.assignments[0].slot;
+    let cheap = solve(&keep_or_move_instance(1.0), &exact());
+    assert_eq!(slot_of(&cheap), 1, "{:?}", cheap.plan);
+    assert!(
+        (cheap.metrics.objective_g - (63.0 + 2.0)).abs() < 1e-6,
+        "{:?}",
+        cheap.metrics
+    );
+    let dear = solve(&keep_or_move_instance(5.0), &exact());
+    assert_eq!(slot_of(&dear), 0, "{:?}", dear.plan);
+    assert!(
+        (dear.metrics.objective_g - 70.0).abs() < 1e-6,
+        "{:?}",
+        dear.metrics
+    );
+}
