@@ -113,8 +113,38 @@ pub struct Horizon {
     pub slots: usize,
 }
 
+/// The latest stored plan's assignments moved onto `horizon`'s slots, for plan stability; empty
+/// when there is no plan or its slots do not line up with the horizon's.
+async fn previous_assignments(
+    store: &Store,
+    horizon: Horizon,
+) -> Result<Vec<windfall_solver::Assignment>> {
+    let Some(previous) = store.latest_plan().await? else {
+        return Ok(Vec::new());
+    };
+    let slot_min = i64::from(horizon.slot_minutes);
+    let offset_min = (previous.horizon_start_utc - horizon.start_utc).num_minutes();
+    if previous.slot_minutes != horizon.slot_minutes || offset_min % slot_min != 0 {
+        return Ok(Vec::new());
+    }
+    let shift = offset_min / slot_min;
+    Ok(previous
+        .plan
+        .assignments
+        .into_iter()
+        .filter_map(|mut a| {
+            let slot = usize::try_from(a.slot as i64 + shift).ok()?;
+            (slot < horizon.slots).then(|| {
+                a.slot = slot;
+                a
+            })
+        })
+        .collect())
+}
+
 /// Builds the instance for `horizon` from the store's sites, forecasts known at the horizon
-/// start, and open jobs whose window overlaps the horizon.
+/// start, open jobs whose window overlaps the horizon, and the latest plan's assignments (plan
+/// stability).
 pub async fn build_instance(
     store: &Store,
     horizon: Horizon,
@@ -244,6 +274,7 @@ pub async fn build_instance(
             current_site: job.current_site,
         });
     }
+    let previous_assignments = previous_assignments(store, horizon).await?;
     let instance = Instance {
         start_utc: UtcTime(horizon.start_utc),
         slot_minutes: horizon.slot_minutes,
@@ -253,7 +284,7 @@ pub async fn build_instance(
         links_gbps: store.links().await?,
         jobs,
         params: Params::default(),
-        previous_assignments: Vec::new(),
+        previous_assignments,
     };
     instance
         .check()

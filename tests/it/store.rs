@@ -236,6 +236,24 @@ async fn a_planned_sample_round_trips_and_revalidates() {
         );
         let planned = store.jobs(Some(JobState::Planned)).await.unwrap();
         assert!(!planned.is_empty());
+        // The next planning run two hours later sees this plan, moved onto its slots.
+        let later = Horizon {
+            start_utc: horizon.start_utc + chrono::Duration::hours(2),
+            ..horizon
+        };
+        let (next, _) = fleet::build_instance(&store, later).await.unwrap();
+        let moved: Vec<_> = expected
+            .iter()
+            .filter(|a| a.slot >= 2)
+            .map(|a| (a.job.clone(), a.slot - 2, a.site.clone()))
+            .collect();
+        let seen: Vec<_> = next
+            .previous_assignments
+            .iter()
+            .map(|a| (a.job.clone(), a.slot, a.site.clone()))
+            .collect();
+        assert!(!moved.is_empty());
+        assert_eq!(seen, moved);
         for entry in &solution.metrics.infeasible_jobs {
             let stored = store.job(&entry.job).await.unwrap().unwrap();
             assert_eq!(stored.state, JobState::Infeasible);
