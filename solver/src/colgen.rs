@@ -515,11 +515,12 @@ pub(crate) fn solve(
         }
         let mut next = Model::from(solved);
         for c in &new_columns {
-            next.add_col(
+            next.try_add_column(
                 c.cost_g,
                 0.0..,
                 c.entries.iter().map(|&(r, v)| (row_handles[r], v)),
-            );
+            )
+            .map_err(|e| format!("HiGHS refused a column: {e:?}"))?;
         }
         columns.extend(new_columns);
         model = next;
@@ -600,7 +601,8 @@ fn solve_master_mip(
     model.set_option("random_seed", 0);
     model.set_option("time_limit", config.mip_time_limit_s.max(0.01));
     model.set_option("mip_rel_gap", config.mip_rel_gap);
-    model.set_solution(Some(&start), None, None, None);
+    // A refused start only costs time: the MILP then searches without it.
+    let _ = model.try_set_solution(Some(&start), None, None, None);
     let solved = model
         .try_solve()
         .map_err(|e| format!("HiGHS failed on the master MILP: {e:?}"))?;
