@@ -24,7 +24,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The commands.
 /// `windfall solve --method`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum MethodArg {
@@ -33,8 +32,154 @@ pub enum MethodArg {
     ColumnGeneration,
 }
 
+/// Where the database is: `sqlite://PATH` (the embedded default) or `postgres://...`.
+#[derive(Debug, clap::Args)]
+pub struct DbArgs {
+    /// Database URL.
+    #[arg(long, env = "WINDFALL_DB", default_value = "sqlite://windfall.db")]
+    pub db: String,
+}
+
+/// Where the API is and who is asking.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Base URL of `windfall serve`.
+    #[arg(long, env = "WINDFALL_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// Bearer token (`windfall token create`).
+    #[arg(long, env = "WINDFALL_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Horizon and solver settings of a planning cycle.
+#[derive(Debug, clap::Args)]
+pub struct CycleArgs {
+    /// Horizon length in slots.
+    #[arg(long, env = "WINDFALL_PLAN_SLOTS", default_value_t = 48)]
+    pub slots: usize,
+    /// Slot length in minutes (the horizon starts at the current slot boundary, UTC).
+    #[arg(long, env = "WINDFALL_SLOT_MINUTES", default_value_t = 60)]
+    pub slot_minutes: u32,
+    /// Solver time limit in seconds.
+    #[arg(long, env = "WINDFALL_TIME_LIMIT", default_value_t = 30.0)]
+    pub time_limit: f64,
+}
+
+/// `windfall token` actions.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it once (only its hash is stored).
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        /// admin, user (own jobs), agent (one site) or viewer (read-only).
+        #[arg(long)]
+        role: String,
+        /// The site an agent token is bound to (required for agents, refused for others).
+        #[arg(long)]
+        site: Option<String>,
+        /// Holder's name: the owner of the jobs a user token submits.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+/// `windfall jobs` actions.
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// List jobs (a user token sees its own).
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Only jobs in this state (queued, planned, running, ...).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one job with its planned runs.
+    Show {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Job id.
+        id: String,
+    },
+    /// Cancel a job.
+    Cancel {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Job id.
+        id: String,
+    },
+}
+
+/// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the planner API (HTTP/JSON; OpenAPI at /openapi.json) until SIGTERM or Ctrl-C.
+    ///
+    /// Every option also reads an environment variable (shown below). Tokens come from
+    /// `windfall token create` against the same database.
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Address to listen on (port 0 picks a free port; the first output line names it).
+        #[arg(long, env = "WINDFALL_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        #[command(flatten)]
+        cycle: CycleArgs,
+    },
+    /// One planning cycle, for cron: read sites, forecasts and the queue, solve, store the plan
+    /// in one transaction, print a summary. Exits 0 on success, 2 with a message on failure or
+    /// when another cycle holds the planning lock.
+    Plan {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        cycle: CycleArgs,
+    },
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Submit a job to the planner API.
+    Submit {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Job id (generated when absent).
+        #[arg(long)]
+        id: Option<String>,
+        /// Gang size: GPUs used together at one site.
+        #[arg(long)]
+        gpus: u32,
+        /// Work in hours at full power on a reference GPU.
+        #[arg(long)]
+        work_hours: f64,
+        /// Hard deadline (RFC 3339 with offset).
+        #[arg(long)]
+        deadline: String,
+        /// Earliest start (RFC 3339 with offset); now when absent.
+        #[arg(long)]
+        release: Option<String>,
+        /// Site the job is submitted to.
+        #[arg(long)]
+        home_site: String,
+        /// Allowed GPU models (repeat); any when absent.
+        #[arg(long = "gpu-model")]
+        gpu_models: Vec<String>,
+        /// Checkpoint size in GB.
+        #[arg(long, default_value_t = 0.0)]
+        checkpoint_gb: f64,
+        /// The job may move between sites at checkpoints.
+        #[arg(long)]
+        migratable: bool,
+        /// Command (or Slurm script) the site agent runs.
+        #[arg(long)]
+        command: Option<String>,
+    },
+    /// List, show or cancel jobs through the planner API.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
     /// Run the main job on the embedded default: fresh SQLite database, bundled sample sites,
     /// forecasts and jobs, a 48-hour plan, a summary and an HTML report.
     Demo {
@@ -209,6 +354,150 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve { db, listen, cycle } => {
+            let runtime = runtime()?;
+            runtime.block_on(async {
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                let state = crate::server::AppState::new(store, cycle_config(&db.db, &cycle));
+                crate::server::serve(state, listen).await
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plan { db, cycle } => {
+            let runtime = runtime()?;
+            let outcome = runtime.block_on(async {
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                let outcome =
+                    crate::planning::run_cycle(&store, &cycle_config(&db.db, &cycle), Utc::now())
+                        .await;
+                store.close().await;
+                outcome
+            })?;
+            println!("{}", outcome.summary());
+            for entry in &outcome.metrics.infeasible_jobs {
+                println!("  left out {}: {}", entry.job, entry.reason);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token(TokenCommand::Create {
+            db,
+            role,
+            site,
+            name,
+        }) => {
+            let role: crate::auth::Role = role.parse().map_err(anyhow::Error::msg)?;
+            match (role, &site) {
+                (crate::auth::Role::Agent, None) => {
+                    anyhow::bail!("an agent token needs --site: it acts for one site only")
+                }
+                (r, Some(_)) if r != crate::auth::Role::Agent => {
+                    anyhow::bail!("--site applies to agent tokens only")
+                }
+                _ => {}
+            }
+            if name.trim().is_empty() {
+                anyhow::bail!("--name must not be empty");
+            }
+            let new = crate::auth::new_token().context("reading the system's random source")?;
+            let runtime = runtime()?;
+            runtime.block_on(async {
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                store
+                    .insert_token(
+                        &new.id,
+                        &new.hash,
+                        &name,
+                        role.as_str(),
+                        site.as_deref(),
+                        Utc::now(),
+                    )
+                    .await?;
+                store.close().await;
+                anyhow::Ok(())
+            })?;
+            eprintln!(
+                "created {role} token {} for {name}; it is shown once, store it now:",
+                new.id
+            );
+            println!("{}", new.token);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit {
+            server,
+            id,
+            gpus,
+            work_hours,
+            deadline,
+            release,
+            home_site,
+            gpu_models,
+            checkpoint_gb,
+            migratable,
+            command,
+        } => {
+            let time = |flag: &str, text: &str| -> Result<String> {
+                DateTime::parse_from_rfc3339(text)
+                    .map(|t| t.with_timezone(&Utc).to_rfc3339())
+                    .with_context(|| {
+                        format!("{flag} `{text}` is not an RFC 3339 time with an offset")
+                    })
+            };
+            let mut body = serde_json::json!({
+                "gpus": gpus, "work_hours": work_hours, "deadline_utc": time("--deadline", &deadline)?,
+                "home_site": home_site, "gpu_models": gpu_models, "checkpoint_gb": checkpoint_gb,
+                "migratable": migratable,
+            });
+            if let Some(id) = id {
+                body["id"] = id.into();
+            }
+            if let Some(release) = release {
+                body["release_utc"] = time("--release", &release)?.into();
+            }
+            if let Some(command) = command {
+                body["command"] = command.into();
+            }
+            let endpoint = endpoint(&server);
+            let job = runtime()?.block_on(crate::client::submit(&endpoint, &body))?;
+            if server.json {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+            } else {
+                print!("{}", crate::client::job_details(&job));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Jobs(action) => {
+            let runtime = runtime()?;
+            let (server, value, table) = match &action {
+                JobsCommand::List { server, state } => {
+                    let v = runtime
+                        .block_on(crate::client::list(&endpoint(server), state.as_deref()))?;
+                    let t = crate::client::jobs_table(&v);
+                    (server, v, t)
+                }
+                JobsCommand::Show { server, id } => {
+                    let v = runtime.block_on(crate::client::show(&endpoint(server), id))?;
+                    let t = crate::client::job_details(&v);
+                    (server, v, t)
+                }
+                JobsCommand::Cancel { server, id } => {
+                    let v = runtime.block_on(crate::client::cancel(&endpoint(server), id))?;
+                    let t = crate::client::job_details(&v);
+                    (server, v, t)
+                }
+            };
+            if server.json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print!("{table}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Validate {
             instance,
             plan,
@@ -239,6 +528,26 @@ fn run(command: Command) -> Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Runtime::new().context("starting the async runtime")
+}
+
+fn endpoint(server: &ServerArgs) -> crate::client::Endpoint {
+    crate::client::Endpoint {
+        server: server.server.clone(),
+        token: server.token.clone(),
+    }
+}
+
+fn cycle_config(db_url: &str, cycle: &CycleArgs) -> crate::planning::CycleConfig {
+    crate::planning::CycleConfig {
+        slots: cycle.slots,
+        slot_minutes: cycle.slot_minutes,
+        time_limit_s: cycle.time_limit,
+        lock_path: crate::planning::sqlite_lock_path(db_url),
     }
 }
 

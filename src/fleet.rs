@@ -81,6 +81,8 @@ pub async fn load_samples(store: &Store, now: DateTime<Utc>) -> Result<SampleCou
                 current_site: None,
                 state_reason: None,
                 submitted_utc: row.submit_utc,
+                owner: None,
+                command: None,
             })
             .await?;
     }

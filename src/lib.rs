@@ -10,11 +10,19 @@
 //! - `fleet`: fleet files, bundled samples, and assembling a solver instance from the store;
 //! - `report`: terminal summary and HTML report;
 //! - `demo`: `windfall demo`;
+//! - `auth`: API tokens and roles;
+//! - `planning`: one planning cycle (`windfall plan`, `POST /v1/plans`) under the planning lock;
+//! - `server`: `windfall serve`, the HTTP API;
+//! - `client`: `windfall submit` and `windfall jobs` over the API;
 //! - `cli`: argument parsing and the commands' glue.
 
+pub mod auth;
 pub mod cli;
+pub mod client;
 pub mod db;
 pub mod demo;
 pub mod fleet;
 pub mod model;
+pub mod planning;
 pub mod report;
+pub mod server;

@@ -155,6 +155,10 @@ pub struct JobRecord {
     pub state_reason: Option<String>,
     /// When it was submitted.
     pub submitted_utc: DateTime<Utc>,
+    /// Who submitted it (the token's name); `None` for jobs loaded from files.
+    pub owner: Option<String>,
+    /// The command or Slurm script the site agent runs.
+    pub command: Option<String>,
 }
 
 /// Which forecast issue a plan used for one site.

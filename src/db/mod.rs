@@ -52,6 +52,14 @@ pub enum StoreError {
     /// A record with this key exists already.
     #[error("{0} already exists")]
     Conflict(String),
+    /// The planning lock file cannot be opened or locked.
+    #[error("planning lock file {path}: {message}")]
+    LockFile {
+        /// The lock file.
+        path: String,
+        /// The system's message.
+        message: String,
+    },
     /// A record refers to a site that does not exist.
     #[error("{context}: unknown site `{site}` (create the site first)")]
     UnknownSite {
@@ -378,8 +386,8 @@ impl Store {
         let result = sqlx::query(
             "INSERT INTO jobs (id, state, gpus, gpu_models, work_hours, release_utc, deadline_utc,
                checkpoint_gb, save_s, restore_s, migratable, home_site, current_site, state_reason,
-               submitted_utc)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+               submitted_utc, owner, command)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
         )
         .bind(&job.id)
         .bind(job.state.as_str())
@@ -396,6 +404,8 @@ impl Store {
         .bind(job.current_site.clone())
         .bind(job.state_reason.clone())
         .bind(time_text(job.submitted_utc))
+        .bind(job.owner.clone())
+        .bind(job.command.clone())
         .execute(&self.pool)
         .await;
         match result {
@@ -641,10 +651,264 @@ impl Store {
     }
 }
 
+/// A stored API token, without its secret.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenRecord {
+    /// Public prefix of the token.
+    pub id: String,
+    /// Holder: a user name, or a label for agents and viewers.
+    pub name: String,
+    /// `admin`, `user`, `agent` or `viewer`.
+    pub role: String,
+    /// The site an agent token is bound to.
+    pub site: Option<String>,
+    /// When it was created.
+    pub created_utc: DateTime<Utc>,
+}
+
+/// A site agent's newest heartbeat.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Heartbeat {
+    /// Site id.
+    pub site: String,
+    /// When it arrived.
+    pub time_utc: DateTime<Utc>,
+    /// Inventory the agent reported (JSON).
+    pub inventory_json: String,
+}
+
+impl Store {
+    /// Stores a token's hash and holder. `id` is the token's public prefix.
+    pub async fn insert_token(
+        &self,
+        id: &str,
+        hash: &str,
+        name: &str,
+        role: &str,
+        site: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        if let Some(site) = site
+            && !self.sites().await?.iter().any(|s| s.id == site)
+        {
+            return Err(StoreError::UnknownSite {
+                site: site.to_string(),
+                context: "token".to_string(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO tokens (id, hash, name, role, site_id, created_utc)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(hash)
+        .bind(name)
+        .bind(role)
+        .bind(site.map(str::to_string))
+        .bind(time_text(now))
+        .execute(&self.pool)
+        .await
+        .map_err(db("saving a token"))?;
+        Ok(())
+    }
+
+    /// The holder of the token with this hash.
+    pub async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let row =
+            sqlx::query("SELECT id, name, role, site_id, created_utc FROM tokens WHERE hash = $1")
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db("checking a token"))?;
+        row.map(|row| {
+            let id: String = row.get(0);
+            Ok(TokenRecord {
+                created_utc: parse_time(&format!("token {id}"), &row.get::<String, _>(4))?,
+                name: row.get(1),
+                role: row.get(2),
+                site: row.get(3),
+                id,
+            })
+        })
+        .transpose()
+    }
+
+    /// Records a site agent's heartbeat and inventory, replacing the previous one.
+    pub async fn record_heartbeat(
+        &self,
+        site: &str,
+        now: DateTime<Utc>,
+        inventory_json: &str,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO heartbeats (site_id, time_utc, inventory_json) VALUES ($1, $2, $3)
+             ON CONFLICT (site_id) DO UPDATE SET time_utc = excluded.time_utc,
+               inventory_json = excluded.inventory_json",
+        )
+        .bind(site)
+        .bind(time_text(now))
+        .bind(inventory_json)
+        .execute(&self.pool)
+        .await
+        .map_err(db(format!("recording a heartbeat from {site}")))?;
+        Ok(())
+    }
+
+    /// The newest heartbeat of every site that has sent one.
+    pub async fn heartbeats(&self) -> Result<Vec<Heartbeat>> {
+        let rows = sqlx::query(
+            "SELECT site_id, time_utc, inventory_json FROM heartbeats ORDER BY site_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("reading heartbeats"))?;
+        rows.iter()
+            .map(|row| {
+                let site: String = row.get(0);
+                Ok(Heartbeat {
+                    time_utc: parse_time(&format!("heartbeat {site}"), &row.get::<String, _>(1))?,
+                    inventory_json: row.get(2),
+                    site,
+                })
+            })
+            .collect()
+    }
+
+    /// Records an agent event and, in the same transaction, the job state it implies.
+    pub async fn record_event(
+        &self,
+        site: &str,
+        job: Option<&str>,
+        kind: &str,
+        detail_json: &str,
+        new_state: Option<JobState>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        sqlx::query(
+            "INSERT INTO events (site_id, job_id, kind, detail_json, time_utc)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(site)
+        .bind(job.map(str::to_string))
+        .bind(kind)
+        .bind(detail_json)
+        .bind(time_text(now))
+        .execute(&mut *tx)
+        .await
+        .map_err(db(format!("recording a {kind} event from {site}")))?;
+        if let (Some(job), Some(state)) = (job, new_state) {
+            sqlx::query("UPDATE jobs SET state = $1, current_site = $2 WHERE id = $3")
+                .bind(state.as_str())
+                .bind(site)
+                .bind(job)
+                .execute(&mut *tx)
+                .await
+                .map_err(db(format!("updating job {job}")))?;
+        }
+        tx.commit().await.map_err(db("committing an event"))?;
+        Ok(())
+    }
+
+    /// Takes the planning lock for the life of the returned guard, or returns `None` when
+    /// another process holds it. PostgreSQL: a session advisory lock on a dedicated connection;
+    /// SQLite: an exclusive lock on `lock_path`. Both end with the process, even when killed.
+    pub async fn try_planning_lock(
+        &self,
+        lock_path: Option<&std::path::Path>,
+    ) -> Result<Option<PlanningLock>> {
+        match self.backend {
+            Backend::Postgres => {
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(db("taking a connection"))?;
+                let row = sqlx::query("SELECT CAST(pg_try_advisory_lock($1) AS INTEGER)")
+                    .bind(PLANNING_LOCK_KEY)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db("taking the planning lock"))?;
+                let taken: i32 = row.get(0);
+                Ok((taken == 1).then_some(PlanningLock::Postgres(Some(conn))))
+            }
+            Backend::Sqlite => {
+                let path = lock_path.ok_or_else(|| {
+                    StoreError::Conflict(
+                        "planning lock: no lock file path for the SQLite database".into(),
+                    )
+                })?;
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| StoreError::LockFile {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })?;
+                match file.try_lock() {
+                    Ok(()) => Ok(Some(PlanningLock::File(file))),
+                    Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+                    Err(std::fs::TryLockError::Error(e)) => Err(StoreError::LockFile {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+/// Advisory lock key of the planning cycle (PostgreSQL).
+const PLANNING_LOCK_KEY: i64 = 0x7769_6e64_6661;
+
+/// Held while a planning cycle runs; see [`Store::try_planning_lock`].
+pub enum PlanningLock {
+    /// The connection holding the advisory lock.
+    Postgres(Option<sqlx::pool::PoolConnection<sqlx::Any>>),
+    /// The locked file.
+    File(std::fs::File),
+}
+
+impl Drop for PlanningLock {
+    fn drop(&mut self) {
+        // Not released explicitly: close the connection, which ends the session and its lock,
+        // rather than return it to the pool still holding the lock.
+        if let PlanningLock::Postgres(conn) = self
+            && let Some(conn) = conn.take()
+        {
+            drop(conn.detach());
+        }
+    }
+}
+
+impl PlanningLock {
+    /// Releases the lock.
+    pub async fn release(mut self) {
+        if let PlanningLock::Postgres(conn) = &mut self
+            && let Some(mut conn) = conn.take()
+        {
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(PLANNING_LOCK_KEY)
+                .execute(&mut *conn)
+                .await;
+            if unlocked.is_err() {
+                // A connection in an unknown state must not return to the pool holding the lock.
+                let _ = conn.detach();
+            }
+        }
+    }
+}
+
 const JOB_SELECT: &str =
     "SELECT id, state, gpus, gpu_models, work_hours, release_utc, deadline_utc,
     checkpoint_gb, save_s, restore_s, migratable, home_site, current_site, state_reason,
-    submitted_utc FROM jobs";
+    submitted_utc, owner, command FROM jobs";
 
 fn job_from_row(row: &AnyRow) -> Result<JobRecord> {
     let id: String = row.get(0);
@@ -670,6 +934,8 @@ fn job_from_row(row: &AnyRow) -> Result<JobRecord> {
         current_site: row.get(12),
         state_reason: row.get(13),
         submitted_utc: parse_time(&what, &row.get::<String, _>(14))?,
+        owner: row.get(15),
+        command: row.get(16),
         id,
     })
 }

@@ -5,6 +5,7 @@
 mod cli;
 mod fixtures;
 mod instance_errors;
+mod service;
 mod solver;
 mod store;
 mod validator;

@@ -90,6 +90,8 @@ fn job(id: &str) -> JobRecord {
         current_site: None,
         state_reason: None,
         submitted_utc: t("2023-05-27T00:55:00Z"),
+        owner: Some("alice".into()),
+        command: Some("python train.py --epochs 3".into()),
     }
 }
 

@@ -1,0 +1,1037 @@
+//! `windfall serve`: the versioned HTTP API (axum) that batch users, site agents, viewers and the
+//! planning trigger talk to.
+//!
+//! Owns routing, authentication (bearer tokens, see `auth`), per-role scopes, input validation
+//! with errors that name the field, body size limits, the OpenAPI description and the
+//! Prometheus metrics. All state lives in the store; handlers must not keep any between requests
+//! beyond counters for `/metrics`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use chrono::{DateTime, Duration, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::auth::{Principal, Role, hash_token};
+use crate::db::{Store, StoreError};
+use crate::model::{JobRecord, JobState, SiteConfig};
+use crate::planning::{CycleConfig, run_cycle};
+
+/// Largest request body accepted, bytes.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// Shared state of the service.
+pub struct AppState {
+    pub store: Store,
+    /// Planning settings for `POST /v1/plans`.
+    pub cycle: CycleConfig,
+    /// Serialises planning triggers inside this process (the store lock covers other processes).
+    planning: Mutex<()>,
+    metrics: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    /// Sum of request durations, microseconds.
+    latency_us_sum: AtomicU64,
+    /// Requests at or under each bucket bound (ms), cumulative as Prometheus expects.
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_MS.len()],
+}
+
+const LATENCY_BUCKETS_MS: [f64; 8] = [1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 500.0, 2500.0];
+
+impl AppState {
+    pub fn new(store: Store, cycle: CycleConfig) -> AppState {
+        AppState {
+            store,
+            cycle,
+            planning: Mutex::new(()),
+            metrics: Counters::default(),
+        }
+    }
+}
+
+type Shared = Arc<AppState>;
+
+/// An API error: status, message, and the request field at fault when there is one.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+    fn field(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("{field}: {}", message.into()),
+            field: Some(field.to_string()),
+        }
+    }
+    fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, message)
+    }
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.message });
+        if let Some(field) = self.field {
+            body["field"] = json!(field);
+        }
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match &e {
+            StoreError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            StoreError::UnknownSite { .. } => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
+            _ => {
+                tracing::error!("store: {e}");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal storage error")
+            }
+        }
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Parses a JSON body after the caller's scope is checked; errors name the field at fault.
+fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON body: {inner}"),
+            )
+        } else {
+            ApiError::field(&path, inner.to_string())
+        }
+    })
+}
+
+impl FromRequestParts<Shared> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, ApiError> {
+        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| unauthorized("missing bearer token (Authorization: Bearer ...)"))?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        let record = state
+            .store
+            .token_by_hash(&hash_token(token.trim()))
+            .await?
+            .ok_or_else(|| unauthorized("unknown or revoked token"))?;
+        let role: Role = record
+            .role
+            .parse()
+            .map_err(|e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        Ok(Principal {
+            name: record.name,
+            role,
+            site: record.site,
+        })
+    }
+}
+
+fn require(principal: &Principal, roles: &[Role], what: &str) -> ApiResult<()> {
+    if roles.contains(&principal.role) {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden(format!(
+            "a {} token may not {what}",
+            principal.role
+        )))
+    }
+}
+
+/// Builds the router.
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/v1/jobs", post(submit_job).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/gpu-models/{name}", put(put_gpu_model))
+        .route("/v1/sites", get(list_sites))
+        .route("/v1/sites/{id}", put(put_site))
+        .route("/v1/sites/{id}/heartbeat", post(heartbeat))
+        .route("/v1/sites/{id}/directives", get(directives))
+        .route("/v1/sites/{id}/events", post(post_event))
+        .route("/v1/forecasts", post(upload_forecasts))
+        .route("/v1/plans", post(trigger_plan))
+        .route("/v1/plans/latest", get(latest_plan))
+        .route("/v1/plans/{id}", get(plan_by_id))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+async fn count(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let m = &state.metrics;
+    m.requests.fetch_add(1, Ordering::Relaxed);
+    if response.status().is_server_error() {
+        m.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    let elapsed = started.elapsed();
+    m.latency_us_sum
+        .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    let ms = elapsed.as_secs_f64() * 1000.0;
+    for (i, bound) in LATENCY_BUCKETS_MS.iter().enumerate() {
+        if ms <= *bound {
+            m.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    response
+}
+
+/// Serves until SIGTERM or Ctrl-C, then lets in-flight requests finish.
+pub async fn serve(state: AppState, listen: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr()?;
+    // The first line on standard output names the address, so scripts can use port 0.
+    println!("windfall serve: listening on http://{local}");
+    let app = router(Arc::new(state));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    eprintln!("windfall serve: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+async fn healthz(State(state): State<Shared>) -> ApiResult<Json<Value>> {
+    state.store.sites().await?;
+    Ok(Json(json!({ "status": "ok" })))
+}
+
+async fn metrics(State(state): State<Shared>) -> ApiResult<Response> {
+    let m = &state.metrics;
+    let mut out = String::new();
+    out.push_str("# HELP windfall_http_requests_total API requests served.\n");
+    out.push_str("# TYPE windfall_http_requests_total counter\n");
+    out.push_str(&format!(
+        "windfall_http_requests_total {}\n",
+        m.requests.load(Ordering::Relaxed)
+    ));
+    out.push_str("# HELP windfall_http_server_errors_total API requests answered with 5xx.\n");
+    out.push_str("# TYPE windfall_http_server_errors_total counter\n");
+    out.push_str(&format!(
+        "windfall_http_server_errors_total {}\n",
+        m.errors.load(Ordering::Relaxed)
+    ));
+    out.push_str("# HELP windfall_http_request_duration_seconds API request latency.\n");
+    out.push_str("# TYPE windfall_http_request_duration_seconds histogram\n");
+    for (i, bound) in LATENCY_BUCKETS_MS.iter().enumerate() {
+        out.push_str(&format!(
+            "windfall_http_request_duration_seconds_bucket{{le=\"{}\"}} {}\n",
+            bound / 1000.0,
+            m.latency_buckets[i].load(Ordering::Relaxed)
+        ));
+    }
+    let total = m.requests.load(Ordering::Relaxed);
+    out.push_str(&format!(
+        "windfall_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {total}\n"
+    ));
+    out.push_str(&format!(
+        "windfall_http_request_duration_seconds_sum {}\n",
+        m.latency_us_sum.load(Ordering::Relaxed) as f64 / 1e6
+    ));
+    out.push_str(&format!(
+        "windfall_http_request_duration_seconds_count {total}\n"
+    ));
+    if let Some(plan) = state.store.latest_plan().await? {
+        let pm = &plan.metrics;
+        out.push_str(
+            "# HELP windfall_plan_id Id of the current plan.\n# TYPE windfall_plan_id gauge\n",
+        );
+        out.push_str(&format!("windfall_plan_id {}\n", plan.id));
+        out.push_str("# HELP windfall_plan_solve_seconds Solve time of the current plan.\n# TYPE windfall_plan_solve_seconds gauge\n");
+        out.push_str(&format!(
+            "windfall_plan_solve_seconds {}\n",
+            pm.solve_seconds
+        ));
+        out.push_str("# HELP windfall_plan_gap Relative gap of the current plan to its lower bound.\n# TYPE windfall_plan_gap gauge\n");
+        out.push_str(&format!("windfall_plan_gap {}\n", pm.gap));
+        out.push_str("# HELP windfall_plan_emissions_grams Planned grid emissions, g CO2e.\n# TYPE windfall_plan_emissions_grams gauge\n");
+        out.push_str(&format!(
+            "windfall_plan_emissions_grams {}\n",
+            pm.emissions_g
+        ));
+        out.push_str("# HELP windfall_plan_baseline_emissions_grams Run-now baseline emissions, g CO2e.\n# TYPE windfall_plan_baseline_emissions_grams gauge\n");
+        out.push_str(&format!(
+            "windfall_plan_baseline_emissions_grams {}\n",
+            pm.baseline_emissions_g
+        ));
+        let filled: usize = plan.provenance.iter().map(|p| p.filled_slots).sum();
+        out.push_str("# HELP windfall_plan_filled_forecast_slots Site-slots the current plan filled from older data.\n# TYPE windfall_plan_filled_forecast_slots gauge\n");
+        out.push_str(&format!("windfall_plan_filled_forecast_slots {filled}\n"));
+    }
+    let now = Utc::now();
+    out.push_str("# HELP windfall_agent_heartbeat_age_seconds Age of each site agent's newest heartbeat.\n# TYPE windfall_agent_heartbeat_age_seconds gauge\n");
+    for hb in state.store.heartbeats().await? {
+        out.push_str(&format!(
+            "windfall_agent_heartbeat_age_seconds{{site=\"{}\"}} {}\n",
+            hb.site,
+            (now - hb.time_utc).num_milliseconds() as f64 / 1000.0
+        ));
+    }
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+/// A job submission.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSubmission {
+    /// Job id; generated when absent.
+    #[serde(default)]
+    pub id: Option<String>,
+    pub gpus: u32,
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    /// Work in hours at full power on a speed-1.0 GPU.
+    #[serde(default)]
+    pub work_hours: Option<f64>,
+    /// Alias of `work_hours` for users who think in run time.
+    #[serde(default)]
+    pub duration_hours: Option<f64>,
+    /// Earliest start; now when absent.
+    #[serde(default)]
+    pub release_utc: Option<DateTime<Utc>>,
+    pub deadline_utc: DateTime<Utc>,
+    #[serde(default)]
+    pub checkpoint_gb: f64,
+    #[serde(default)]
+    pub save_s: Option<f64>,
+    #[serde(default)]
+    pub restore_s: Option<f64>,
+    #[serde(default)]
+    pub migratable: bool,
+    pub home_site: String,
+    #[serde(default)]
+    pub command: Option<String>,
+}
+
+fn check_id(field: &str, id: &str) -> ApiResult<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            field,
+            "must be 1-128 characters of letters, digits, '-', '_', '.' or ':'",
+        ))
+    }
+}
+
+fn check_non_negative(field: &str, value: f64) -> ApiResult<()> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ApiError::field(field, "must be a finite number >= 0"))
+    }
+}
+
+fn job_json(job: &JobRecord, planned: Option<Value>) -> Value {
+    let mut v = json!({
+        "id": job.id, "state": job.state.as_str(), "state_reason": job.state_reason,
+        "gpus": job.gpus, "gpu_models": job.gpu_models, "work_hours": job.work_hours,
+        "release_utc": job.release_utc, "deadline_utc": job.deadline_utc,
+        "checkpoint_gb": job.checkpoint_gb, "save_s": job.save_s, "restore_s": job.restore_s,
+        "migratable": job.migratable, "home_site": job.home_site,
+        "current_site": job.current_site, "owner": job.owner, "command": job.command,
+        "submitted_utc": job.submitted_utc,
+    });
+    if let Some(p) = planned {
+        v["plan"] = p;
+    }
+    v
+}
+
+async fn submit_job(
+    State(state): State<Shared>,
+    principal: Principal,
+    bytes: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    require(&principal, &[Role::User, Role::Admin], "submit jobs")?;
+    let sub: JobSubmission = parse_body(&bytes)?;
+    let now = Utc::now();
+    let id = match &sub.id {
+        Some(id) => {
+            check_id("id", id)?;
+            id.clone()
+        }
+        None => format!(
+            "job-{}",
+            crate::auth::new_token()
+                .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+                .id
+        ),
+    };
+    if sub.gpus == 0 {
+        return Err(ApiError::field("gpus", "must be at least 1"));
+    }
+    let work_hours = match (sub.work_hours, sub.duration_hours) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::field(
+                "duration_hours",
+                "give work_hours or duration_hours, not both",
+            ));
+        }
+        (Some(w), None) => ("work_hours", w),
+        (None, Some(d)) => ("duration_hours", d),
+        (None, None) => return Err(ApiError::field("work_hours", "is required")),
+    };
+    if !(work_hours.1.is_finite() && work_hours.1 > 0.0) {
+        return Err(ApiError::field(work_hours.0, "must be a number > 0"));
+    }
+    let work_hours = work_hours.1;
+    check_non_negative("checkpoint_gb", sub.checkpoint_gb)?;
+    let save_s = sub.save_s.unwrap_or(crate::fleet::DEFAULT_SAVE_S);
+    let restore_s = sub.restore_s.unwrap_or(crate::fleet::DEFAULT_RESTORE_S);
+    check_non_negative("save_s", save_s)?;
+    check_non_negative("restore_s", restore_s)?;
+    let release_utc = sub.release_utc.unwrap_or(now);
+    if sub.deadline_utc <= release_utc {
+        return Err(ApiError::field(
+            "deadline_utc",
+            "must be after release_utc (or after now when release_utc is absent)",
+        ));
+    }
+    if let Some(command) = &sub.command
+        && command.len() > 16 * 1024
+    {
+        return Err(ApiError::field("command", "must be at most 16 KiB"));
+    }
+    let sites = state.store.sites().await?;
+    if !sites.iter().any(|s| s.id == sub.home_site) {
+        return Err(ApiError::field(
+            "home_site",
+            format!("unknown site `{}`", sub.home_site),
+        ));
+    }
+    let models = state.store.gpu_models().await?;
+    for (i, m) in sub.gpu_models.iter().enumerate() {
+        if !models.contains_key(m) {
+            return Err(ApiError::field(
+                &format!("gpu_models[{i}]"),
+                format!("unknown GPU model `{m}`"),
+            ));
+        }
+    }
+    // Documented choice: a job whose deadline cannot be met is accepted as `infeasible` with the
+    // reason, so the user sees why; it is never planned late.
+    let allowed = |m: &str| sub.gpu_models.is_empty() || sub.gpu_models.iter().any(|x| x == m);
+    let fastest = sites
+        .iter()
+        .flat_map(|s| s.gpus.iter())
+        .filter(|(m, n)| allowed(m) && **n >= sub.gpus)
+        .filter_map(|(m, _)| models.get(m).map(|spec| spec.speed))
+        .fold(0.0, f64::max);
+    let start = release_utc.max(now);
+    let hours_left = (sub.deadline_utc - start).num_seconds() as f64 / 3600.0;
+    let infeasible = if fastest <= 0.0 {
+        Some(format!(
+            "no site has {} GPUs of an allowed model together",
+            sub.gpus
+        ))
+    } else if work_hours / fastest > hours_left {
+        Some(format!(
+            "not enough time: needs {:.2} h on the fastest allowed GPU, {:.2} h remain before the deadline",
+            work_hours / fastest,
+            hours_left.max(0.0)
+        ))
+    } else {
+        None
+    };
+    let job = JobRecord {
+        id,
+        state: if infeasible.is_some() {
+            JobState::Infeasible
+        } else {
+            JobState::Queued
+        },
+        gpus: sub.gpus,
+        gpu_models: sub.gpu_models,
+        work_hours,
+        release_utc,
+        deadline_utc: sub.deadline_utc,
+        checkpoint_gb: sub.checkpoint_gb,
+        save_s,
+        restore_s,
+        migratable: sub.migratable,
+        home_site: sub.home_site,
+        current_site: None,
+        state_reason: infeasible,
+        submitted_utc: now,
+        owner: Some(principal.name.clone()),
+        command: sub.command,
+    };
+    state.store.insert_job(&job).await?;
+    Ok((StatusCode::CREATED, Json(job_json(&job, None))))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFilter {
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    owner: Option<String>,
+}
+
+async fn list_jobs(
+    State(state): State<Shared>,
+    principal: Principal,
+    Query(filter): Query<JobFilter>,
+) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::User, Role::Admin, Role::Viewer],
+        "list jobs",
+    )?;
+    let wanted_state = match &filter.state {
+        Some(s) => Some(
+            s.parse::<JobState>()
+                .map_err(|e| ApiError::field("state", e))?,
+        ),
+        None => None,
+    };
+    let jobs = state.store.jobs(wanted_state).await?;
+    let owner = if principal.role == Role::User {
+        Some(principal.name.clone())
+    } else {
+        filter.owner.clone()
+    };
+    let list: Vec<Value> = jobs
+        .iter()
+        .filter(|j| owner.is_none() || j.owner == owner)
+        .map(|j| job_json(j, None))
+        .collect();
+    Ok(Json(json!({ "jobs": list })))
+}
+
+async fn load_job(state: &AppState, principal: &Principal, id: &str) -> ApiResult<JobRecord> {
+    let job = state
+        .store
+        .job(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job `{id}`")))?;
+    let readable = principal.role == Role::Viewer || principal.may_touch_job(job.owner.as_deref());
+    if !readable {
+        return Err(ApiError::forbidden(format!(
+            "job `{id}` belongs to another user"
+        )));
+    }
+    Ok(job)
+}
+
+async fn get_job(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let job = load_job(&state, &principal, &id).await?;
+    let planned = match state.store.latest_plan().await? {
+        Some(plan) => {
+            let slot = Duration::minutes(i64::from(plan.slot_minutes));
+            let runs: Vec<Value> = plan
+                .plan
+                .assignments
+                .iter()
+                .filter(|a| a.job == id)
+                .map(|a| {
+                    let start = plan.horizon_start_utc + slot * a.slot as i32;
+                    json!({ "site": a.site, "start_utc": start, "end_utc": start + slot,
+                            "power_w": a.power_w, "gpu_model": a.gpu_model })
+                })
+                .collect();
+            Some(json!({ "plan_id": plan.id, "runs": runs }))
+        }
+        None => None,
+    };
+    Ok(Json(job_json(&job, planned)))
+}
+
+async fn cancel_job(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    require(&principal, &[Role::User, Role::Admin], "cancel jobs")?;
+    let job = load_job(&state, &principal, &id).await?;
+    if matches!(
+        job.state,
+        JobState::Done | JobState::Failed | JobState::Cancelled
+    ) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("job `{id}` is already {}", job.state),
+        ));
+    }
+    state
+        .store
+        .set_job_state(&id, JobState::Cancelled, Some("cancelled by its owner"))
+        .await?;
+    let job = load_job(&state, &principal, &id).await?;
+    Ok(Json(job_json(&job, None)))
+}
+
+async fn put_gpu_model(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> ApiResult<Json<Value>> {
+    require(&principal, &[Role::Admin], "change GPU models")?;
+    let model: windfall_solver::GpuModel = parse_body(&bytes)?;
+    check_id("name", &name)?;
+    if model.power_levels_w.is_empty() || model.power_levels_w.len() != model.throughput.len() {
+        return Err(ApiError::field(
+            "throughput",
+            "needs one value per power level, and at least one level",
+        ));
+    }
+    for (i, w) in model.power_levels_w.iter().enumerate() {
+        if !(w.is_finite() && *w > 0.0) {
+            return Err(ApiError::field(
+                &format!("power_levels_w[{i}]"),
+                "must be > 0",
+            ));
+        }
+    }
+    state.store.upsert_gpu_model(&name, &model).await?;
+    Ok(Json(json!({ "name": name })))
+}
+
+async fn list_sites(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Admin, Role::Viewer, Role::User],
+        "list sites",
+    )?;
+    let sites = state.store.sites().await?;
+    Ok(Json(json!({ "sites": sites })))
+}
+
+/// A site's configuration as `PUT /v1/sites/{id}` takes it (the id comes from the path).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SiteBody {
+    #[serde(default)]
+    zone: Option<String>,
+    gpus: BTreeMap<String, u32>,
+    #[serde(default = "one")]
+    pue: f64,
+    #[serde(default)]
+    grid_limit_kw: Option<f64>,
+    wan_gbps: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+async fn put_site(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> ApiResult<Json<Value>> {
+    require(&principal, &[Role::Admin], "change sites")?;
+    let body: SiteBody = parse_body(&bytes)?;
+    check_id("id", &id)?;
+    let site = SiteConfig {
+        id,
+        zone: body.zone,
+        gpus: body.gpus,
+        pue: body.pue,
+        grid_limit_kw: body.grid_limit_kw,
+        wan_gbps: body.wan_gbps,
+    };
+    if !(site.pue.is_finite() && site.pue >= 1.0) {
+        return Err(ApiError::field("pue", "must be >= 1"));
+    }
+    if !(site.wan_gbps.is_finite() && site.wan_gbps > 0.0) {
+        return Err(ApiError::field("wan_gbps", "must be > 0"));
+    }
+    if let Some(limit) = site.grid_limit_kw {
+        check_non_negative("grid_limit_kw", limit)?;
+    }
+    let models = state.store.gpu_models().await?;
+    for model in site.gpus.keys() {
+        if !models.contains_key(model) {
+            return Err(ApiError::field(
+                &format!("gpus.{model}"),
+                "unknown GPU model (PUT /v1/gpu-models/{name} first)",
+            ));
+        }
+    }
+    state.store.upsert_site(&site, Utc::now()).await?;
+    Ok(Json(json!({ "site": site })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBody {
+    /// Usable GPUs per model as the agent sees them.
+    inventory: BTreeMap<String, u32>,
+    /// Anything else the agent reports (NVML readings, versions).
+    #[serde(default)]
+    detail: Option<Value>,
+}
+
+async fn heartbeat(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(site): Path<String>,
+    bytes: Bytes,
+) -> ApiResult<Json<Value>> {
+    if !principal.may_act_for_site(&site) {
+        return Err(ApiError::forbidden(format!(
+            "this token may not report for site `{site}`"
+        )));
+    }
+    let body: HeartbeatBody = parse_body(&bytes)?;
+    if !state.store.sites().await?.iter().any(|s| s.id == site) {
+        return Err(ApiError::not_found(format!("no site `{site}`")));
+    }
+    let payload = json!({ "inventory": body.inventory, "detail": body.detail });
+    let now = Utc::now();
+    state
+        .store
+        .record_heartbeat(&site, now, &payload.to_string())
+        .await?;
+    Ok(Json(json!({ "site": site, "time_utc": now })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Range {
+    #[serde(default)]
+    from: Option<DateTime<Utc>>,
+    #[serde(default)]
+    to: Option<DateTime<Utc>>,
+}
+
+async fn directives(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(site): Path<String>,
+    Query(range): Query<Range>,
+) -> ApiResult<Json<Value>> {
+    let allowed = principal.role == Role::Viewer || principal.may_act_for_site(&site);
+    if !allowed {
+        return Err(ApiError::forbidden(format!(
+            "this token may not read the directives of site `{site}`"
+        )));
+    }
+    let Some(plan) = state.store.latest_plan().await? else {
+        return Ok(Json(
+            json!({ "site": site, "plan_id": null, "runs": [], "migrations": [] }),
+        ));
+    };
+    let slot = Duration::minutes(i64::from(plan.slot_minutes));
+    let from = range.from.unwrap_or(plan.horizon_start_utc);
+    let to = range
+        .to
+        .unwrap_or(plan.horizon_start_utc + slot * plan.slots as i32);
+    if to <= from {
+        return Err(ApiError::field("to", "must be after `from`"));
+    }
+    let in_range = |slot_index: usize| {
+        let start = plan.horizon_start_utc + slot * slot_index as i32;
+        (start < to && start + slot > from).then_some(start)
+    };
+    let mut commands: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut runs = Vec::new();
+    for a in plan.plan.assignments.iter().filter(|a| a.site == site) {
+        let Some(start) = in_range(a.slot) else {
+            continue;
+        };
+        if !commands.contains_key(&a.job) {
+            let command = state.store.job(&a.job).await?.and_then(|j| j.command);
+            commands.insert(a.job.clone(), command);
+        }
+        runs.push(json!({
+            "job": a.job, "start_utc": start, "end_utc": start + slot,
+            "power_cap_w": a.power_w, "gpu_model": a.gpu_model, "command": commands[&a.job],
+        }));
+    }
+    let migrations: Vec<Value> = plan
+        .plan
+        .migrations
+        .iter()
+        .filter(|m| m.from == site || m.to == site)
+        .filter_map(|m| {
+            in_range(m.slot).map(|start| {
+                json!({ "job": m.job, "from": m.from, "to": m.to, "start_utc": start,
+                        "transfer_s": m.transfer_s })
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "site": site, "plan_id": plan.id, "from_utc": from, "to_utc": to,
+        "runs": runs, "migrations": migrations,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventBody {
+    kind: String,
+    #[serde(default)]
+    job: Option<String>,
+    #[serde(default)]
+    detail: Option<Value>,
+}
+
+/// Event kinds and the job state each implies.
+const EVENT_KINDS: [(&str, Option<JobState>); 8] = [
+    ("job_started", Some(JobState::Running)),
+    ("progress", None),
+    ("checkpoint_written", None),
+    ("paused", Some(JobState::Paused)),
+    ("migration_sent", Some(JobState::Migrating)),
+    ("migration_received", Some(JobState::Running)),
+    ("job_finished", Some(JobState::Done)),
+    ("job_failed", Some(JobState::Failed)),
+];
+
+async fn post_event(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(site): Path<String>,
+    bytes: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    if !principal.may_act_for_site(&site) {
+        return Err(ApiError::forbidden(format!(
+            "this token may not post events for site `{site}`"
+        )));
+    }
+    let event: EventBody = parse_body(&bytes)?;
+    let Some((_, new_state)) = EVENT_KINDS.iter().find(|(k, _)| *k == event.kind) else {
+        let kinds: Vec<&str> = EVENT_KINDS.iter().map(|(k, _)| *k).collect();
+        return Err(ApiError::field(
+            "kind",
+            format!("unknown event kind; use one of {}", kinds.join(", ")),
+        ));
+    };
+    if new_state.is_some() && event.job.is_none() {
+        return Err(ApiError::field(
+            "job",
+            format!("is required for {}", event.kind),
+        ));
+    }
+    if let Some(job) = &event.job
+        && state.store.job(job).await?.is_none()
+    {
+        return Err(ApiError::field("job", format!("unknown job `{job}`")));
+    }
+    if !state.store.sites().await?.iter().any(|s| s.id == site) {
+        return Err(ApiError::not_found(format!("no site `{site}`")));
+    }
+    let detail = event.detail.unwrap_or(Value::Null).to_string();
+    state
+        .store
+        .record_event(
+            &site,
+            event.job.as_deref(),
+            &event.kind,
+            &detail,
+            *new_state,
+            Utc::now(),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(json!({ "recorded": event.kind }))))
+}
+
+async fn upload_forecasts(
+    State(state): State<Shared>,
+    principal: Principal,
+    headers: HeaderMap,
+    body: String,
+) -> ApiResult<Json<Value>> {
+    require(&principal, &[Role::Admin], "upload forecasts")?;
+    let source = headers
+        .get("x-windfall-source")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("api upload")
+        .to_string();
+    let points = windfall_forecasts::parse_canonical_csv(&body, "request body")
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let stored = state.store.insert_forecasts(&source, &points).await?;
+    Ok(Json(json!({ "rows": stored, "source": source })))
+}
+
+async fn trigger_plan(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
+    require(&principal, &[Role::Admin], "trigger planning")?;
+    let _guard = state.planning.lock().await;
+    let outcome = run_cycle(&state.store, &state.cycle, Utc::now())
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    Ok(Json(json!({
+        "plan_id": outcome.plan_id, "summary": outcome.summary(), "metrics": outcome.metrics,
+    })))
+}
+
+fn plan_json(plan: &crate::model::PlanRecord) -> Value {
+    json!({
+        "id": plan.id, "created_utc": plan.created_utc,
+        "horizon_start_utc": plan.horizon_start_utc, "slot_minutes": plan.slot_minutes,
+        "slots": plan.slots, "metrics": plan.metrics, "provenance": plan.provenance,
+        "plan": plan.plan,
+    })
+}
+
+async fn latest_plan(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Admin, Role::Viewer, Role::User],
+        "read plans",
+    )?;
+    let plan = state
+        .store
+        .latest_plan()
+        .await?
+        .ok_or_else(|| ApiError::not_found("no plan yet"))?;
+    Ok(Json(plan_json(&plan)))
+}
+
+async fn plan_by_id(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Admin, Role::Viewer, Role::User],
+        "read plans",
+    )?;
+    let plan = state
+        .store
+        .plan(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no plan {id}")))?;
+    Ok(Json(plan_json(&plan)))
+}
+
+async fn openapi() -> Json<Value> {
+    let bearer = json!([{ "bearer": [] }]);
+    let op = |summary: &str| {
+        json!({ "summary": summary, "security": bearer, "responses": {
+        "200": { "description": "OK" }, "400": { "description": "invalid input; `field` names it" },
+        "401": { "description": "missing or unknown token" },
+        "403": { "description": "valid token outside its scope" } } })
+    };
+    Json(json!({
+        "openapi": "3.1.0",
+        "info": { "title": "windfall planner API", "version": "1" },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Error": { "type": "object", "required": ["error"], "properties": {
+                    "error": { "type": "string" }, "field": { "type": "string" } } },
+                "JobSubmission": { "type": "object", "required": ["gpus", "deadline_utc", "home_site"],
+                    "properties": {
+                        "id": { "type": "string" }, "gpus": { "type": "integer", "minimum": 1 },
+                        "gpu_models": { "type": "array", "items": { "type": "string" } },
+                        "work_hours": { "type": "number" }, "duration_hours": { "type": "number" },
+                        "release_utc": { "type": "string", "format": "date-time" },
+                        "deadline_utc": { "type": "string", "format": "date-time" },
+                        "checkpoint_gb": { "type": "number" }, "save_s": { "type": "number" },
+                        "restore_s": { "type": "number" }, "migratable": { "type": "boolean" },
+                        "home_site": { "type": "string" }, "command": { "type": "string" } } }
+            }
+        },
+        "paths": {
+            "/healthz": { "get": { "summary": "liveness and database reachability", "responses": { "200": { "description": "OK" } } } },
+            "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "OK" } } } },
+            "/v1/jobs": { "post": op("submit a job (user, admin); an unmeetable deadline is accepted as `infeasible` with the reason"),
+                          "get": op("list jobs (a user sees its own); filters: state, owner") },
+            "/v1/jobs/{id}": { "get": op("a job with its planned runs") },
+            "/v1/jobs/{id}/cancel": { "post": op("cancel a job (its owner, admin)") },
+            "/v1/gpu-models/{name}": { "put": op("create or update a GPU model (admin)") },
+            "/v1/sites": { "get": op("list sites") },
+            "/v1/sites/{id}": { "put": op("create or update a site (admin)") },
+            "/v1/sites/{id}/heartbeat": { "post": op("agent heartbeat with inventory (the site's agent)") },
+            "/v1/sites/{id}/directives": { "get": op("what the site's agent must run, from the current plan; query from, to") },
+            "/v1/sites/{id}/events": { "post": op("agent events: job_started, progress, checkpoint_written, paused, migration_sent, migration_received, job_finished, job_failed") },
+            "/v1/forecasts": { "post": op("upload canonical forecast CSV (admin); header X-Windfall-Source labels it") },
+            "/v1/plans": { "post": op("run one planning cycle now (admin)") },
+            "/v1/plans/latest": { "get": op("the current plan") },
+            "/v1/plans/{id}": { "get": op("a plan by id") }
+        }
+    }))
+}

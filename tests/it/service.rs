@@ -1,0 +1,500 @@
+//! The planner service end to end: `windfall serve` as a real process on 127.0.0.1, tokens from
+//! `windfall token create`, jobs through `windfall submit` and `windfall jobs`, planning through
+//! `windfall plan`, and the API's authorization, on SQLite and on PostgreSQL
+//! (`WINDFALL_TEST_PG_URL`, as in the store tests).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+use chrono::{Duration, DurationRound, Utc};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+fn windfall(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_windfall"))
+        .args(args)
+        .env_remove("WINDFALL_DB")
+        .env_remove("WINDFALL_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The databases to run against: a SQLite file, and a fresh PostgreSQL database when
+/// `WINDFALL_TEST_PG_URL` is set (dropped at the end).
+struct Databases {
+    urls: Vec<String>,
+    _dir: tempfile::TempDir,
+    pg: Option<(String, String)>, // (admin url, database name)
+}
+
+impl Databases {
+    fn new(name: &str) -> Databases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut urls = vec![format!("sqlite://{}", dir.path().join("w.db").display())];
+        let mut pg = None;
+        if let Ok(base) = std::env::var("WINDFALL_TEST_PG_URL") {
+            let db_name = format!("wf_svc_{name}_{}", std::process::id());
+            psql(&base, &format!("DROP DATABASE IF EXISTS {db_name}"));
+            psql(&base, &format!("CREATE DATABASE {db_name}"));
+            let cut = base.rfind('/').unwrap();
+            urls.push(format!("{}/{db_name}", &base[..cut]));
+            pg = Some((base, db_name));
+        } else {
+            eprintln!("service::{name}: WINDFALL_TEST_PG_URL not set, PostgreSQL not checked here");
+        }
+        Databases {
+            urls,
+            _dir: dir,
+            pg,
+        }
+    }
+}
+
+impl Drop for Databases {
+    fn drop(&mut self) {
+        if let Some((base, name)) = &self.pg {
+            psql(
+                base,
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            );
+        }
+    }
+}
+
+/// Runs one statement on its own thread and runtime (callers may be inside a test's runtime).
+fn psql(url: &str, sql: &str) {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || psql_blocking(&url, &sql))
+        .join()
+        .unwrap();
+}
+
+fn psql_blocking(url: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pool = sqlx::PgPool::connect(url)
+            .await
+            .expect("WINDFALL_TEST_PG_URL is set but PostgreSQL is unreachable");
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    });
+}
+
+/// A running `windfall serve`, stopped with SIGTERM on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(db: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
+            .args([
+                "serve",
+                "--db",
+                db,
+                "--listen",
+                "127.0.0.1:0",
+                "--slots",
+                "24",
+                "--time-limit",
+                "3",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .expect("serve names its address")
+            .to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+        Server { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn token(db: &str, role: &str, name: &str, site: Option<&str>) -> String {
+    let mut args = vec![
+        "token", "create", "--db", db, "--role", role, "--name", name,
+    ];
+    if let Some(site) = site {
+        args.extend(["--site", site]);
+    }
+    stdout(&windfall(&args)).trim().to_string()
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(base: &str) -> Api {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Api {
+            http: reqwest::Client::new(),
+            base: base.to_string(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+    async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, token, None).await
+    }
+    async fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(token), Some(body))
+            .await
+    }
+    async fn put(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::PUT, path, Some(token), Some(body))
+            .await
+    }
+}
+
+/// Two sites (`clean` and `dirty`) with 26 hours of forecasts from the current hour.
+async fn set_up_fleet(api: &Api, admin: &str) {
+    let model = json!({ "power_levels_w": [700, 400], "throughput": [1.0, 0.8], "idle_w": 50 });
+    assert_eq!(
+        api.put("/v1/gpu-models/H100", admin, model).await.0,
+        StatusCode::OK
+    );
+    for id in ["clean", "dirty"] {
+        let site = json!({ "zone": "Z", "gpus": { "H100": 4 }, "pue": 1.2, "wan_gbps": 10 });
+        let (status, body) = api.put(&format!("/v1/sites/{id}"), admin, site).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
+    let issued = hour - Duration::hours(2);
+    let mut csv = String::from(
+        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
+    );
+    for h in -1..26 {
+        let t = hour + Duration::hours(h);
+        for (site, carbon) in [("clean", 40.0 + h as f64), ("dirty", 700.0)] {
+            csv.push_str(&format!(
+                "{},{},{site},0,{carbon},average,50\n",
+                issued.to_rfc3339(),
+                t.to_rfc3339()
+            ));
+        }
+    }
+    let response = api
+        .http
+        .post(format!("{}/v1/forecasts", api.base))
+        .bearer_auth(admin)
+        .header("X-Windfall-Source", "test")
+        .body(csv)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_plans_and_directives_end_to_end_with_authorization() {
+    let dbs = Databases::new("e2e");
+    for db in &dbs.urls {
+        let admin = token(db, "admin", "root", None);
+        let server = Server::start(db);
+        let api = Api::new(&server.url);
+        set_up_fleet(&api, &admin).await;
+        let alice = token(db, "user", "alice", None);
+        let bob = token(db, "user", "bob", None);
+        let agent = token(db, "agent", "agent-clean", Some("clean"));
+        let viewer = token(db, "viewer", "dashboard", None);
+
+        // Alice submits through the CLI.
+        let deadline = (Utc::now() + Duration::hours(20)).to_rfc3339();
+        let submitted = stdout(&windfall(&[
+            "submit",
+            "--server",
+            &server.url,
+            "--token",
+            &alice,
+            "--json",
+            "--id",
+            "train-1",
+            "--gpus",
+            "2",
+            "--work-hours",
+            "3",
+            "--deadline",
+            &deadline,
+            "--home-site",
+            "dirty",
+            "--command",
+            "python train.py",
+        ]));
+        let job: Value = serde_json::from_str(&submitted).unwrap();
+        assert_eq!(
+            (job["id"].as_str(), job["state"].as_str()),
+            (Some("train-1"), Some("queued"))
+        );
+
+        // One planning cycle from cron.
+        let plan_out = stdout(&windfall(&[
+            "plan",
+            "--db",
+            db,
+            "--slots",
+            "24",
+            "--time-limit",
+            "3",
+        ]));
+        assert!(plan_out.contains("plan #1"), "{plan_out}");
+
+        let (status, plan) = api.get("/v1/plans/latest", Some(&viewer)).await;
+        assert_eq!(status, StatusCode::OK, "{plan}");
+        let runs: Vec<&Value> = plan["plan"]["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["job"] == "train-1")
+            .collect();
+        assert!(runs.len() >= 3, "{plan}");
+        assert!(runs.iter().all(|a| a["site"] == "clean"), "{plan}");
+
+        // The agent of `clean` reads its directives, with the job's command.
+        let (status, directives) = api.get("/v1/sites/clean/directives", Some(&agent)).await;
+        assert_eq!(status, StatusCode::OK, "{directives}");
+        let listed = directives["runs"].as_array().unwrap();
+        assert_eq!(listed.len(), runs.len());
+        assert_eq!(listed[0]["command"], "python train.py");
+        // ... but not another site's, nor may it report for one.
+        let (status, _) = api.get("/v1/sites/dirty/directives", Some(&agent)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let inventory = json!({ "inventory": { "H100": 4 } });
+        let (status, _) = api
+            .post("/v1/sites/dirty/heartbeat", &agent, inventory.clone())
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let (status, _) = api
+            .post("/v1/sites/clean/heartbeat", &agent, inventory)
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, body) = api
+            .post(
+                "/v1/sites/clean/events",
+                &agent,
+                json!({ "kind": "job_started", "job": "train-1" }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+
+        // Bob can neither read nor cancel Alice's job, and sees none of it.
+        let (status, _) = api.get("/v1/jobs/train-1", Some(&bob)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let (status, _) = api.post("/v1/jobs/train-1/cancel", &bob, json!(null)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let bobs = stdout(&windfall(&[
+            "jobs",
+            "list",
+            "--server",
+            &server.url,
+            "--token",
+            &bob,
+        ]));
+        assert!(bobs.contains("0 job(s)"), "{bobs}");
+        let alices = stdout(&windfall(&[
+            "jobs",
+            "list",
+            "--server",
+            &server.url,
+            "--token",
+            &alice,
+        ]));
+        assert!(
+            alices.contains("train-1") && alices.contains("running"),
+            "{alices}"
+        );
+        let shown = stdout(&windfall(&[
+            "jobs",
+            "show",
+            "train-1",
+            "--server",
+            &server.url,
+            "--token",
+            &alice,
+        ]));
+        assert!(shown.contains("planned runs"), "{shown}");
+
+        // A viewer reads but never writes; no token or a wrong one is 401.
+        let (status, _) = api.get("/v1/jobs/train-1", Some(&viewer)).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _) = api.post("/v1/jobs", &viewer, json!({ "gpus": 1 })).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let (status, _) = api
+            .put(
+                "/v1/sites/clean",
+                &viewer,
+                json!({ "gpus": {}, "wan_gbps": 1 }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        let (status, _) = api.get("/v1/jobs", None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _) = api.get("/v1/jobs", Some("wf_00000000_nope")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+        // Bad input names the field.
+        let base = json!({ "gpus": 1, "work_hours": 1, "home_site": "clean",
+                           "deadline_utc": (Utc::now() + Duration::hours(5)).to_rfc3339() });
+        for (change, field) in [
+            (json!({ "gpus": 0 }), "gpus"),
+            (json!({ "work_hours": -1 }), "work_hours"),
+            (json!({ "home_site": "mars" }), "home_site"),
+            (
+                json!({ "deadline_utc": "2020-01-01T00:00:00Z" }),
+                "deadline_utc",
+            ),
+            (json!({ "gpus": "two" }), "gpus"),
+            (json!({ "colour": "red" }), "colour"),
+        ] {
+            let mut body = base.clone();
+            for (k, v) in change.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let (status, error) = api.post("/v1/jobs", &alice, body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {error}");
+            assert!(
+                error["error"].as_str().unwrap().contains(field),
+                "{field}: {error}"
+            );
+        }
+        // An unmeetable deadline is accepted as infeasible, with the reason.
+        let mut tight = base.clone();
+        tight["work_hours"] = json!(30);
+        let (status, job) = api.post("/v1/jobs", &alice, tight).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+        assert_eq!(job["state"], "infeasible");
+        assert!(
+            job["state_reason"]
+                .as_str()
+                .unwrap()
+                .contains("not enough time")
+        );
+
+        // Alice cancels through the CLI.
+        let cancelled = stdout(&windfall(&[
+            "jobs",
+            "cancel",
+            "train-1",
+            "--server",
+            &server.url,
+            "--token",
+            &alice,
+            "--json",
+        ]));
+        let cancelled: Value = serde_json::from_str(&cancelled).unwrap();
+        assert_eq!(cancelled["state"], "cancelled");
+
+        let (status, health) = api.get("/healthz", None).await;
+        assert_eq!(
+            (status, health["status"].as_str()),
+            (StatusCode::OK, Some("ok"))
+        );
+        let (status, spec) = api.get("/openapi.json", None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(spec["paths"]["/v1/jobs"]["post"].is_object());
+        let (_, metrics) = api.get("/metrics", None).await;
+        let metrics = metrics.as_str().unwrap().to_string();
+        assert!(
+            metrics.contains("windfall_http_requests_total"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("windfall_agent_heartbeat_age_seconds{site=\"clean\"}"),
+            "{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_plan_runs_started_together_write_one_plan() {
+    let dbs = Databases::new("lock");
+    for db in &dbs.urls {
+        let admin = token(db, "admin", "root", None);
+        let server = Server::start(db);
+        let api = Api::new(&server.url);
+        set_up_fleet(&api, &admin).await;
+        // Enough jobs that a cycle runs for seconds, so the two overlap.
+        for i in 0..24 {
+            let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
+                "migratable": true, "home_site": "dirty",
+                "deadline_utc": (Utc::now() + Duration::hours(12 + i % 8)).to_rfc3339() });
+            let (status, job) = api.post("/v1/jobs", &admin, body).await;
+            assert_eq!(status, StatusCode::CREATED, "{job}");
+        }
+        let spawn = || {
+            Command::new(env!("CARGO_BIN_EXE_windfall"))
+                .args(["plan", "--db", db, "--slots", "24", "--time-limit", "4"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let outputs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        let succeeded = outputs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(succeeded, 1, "{outputs:?}");
+        let refused = outputs.iter().find(|o| !o.status.success()).unwrap();
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("planning lock"),
+            "{refused:?}"
+        );
+        let (_, latest) = api.get("/v1/plans/latest", Some(&admin)).await;
+        assert_eq!(latest["id"], 1, "exactly one plan was written");
+    }
+}
