@@ -498,3 +498,114 @@ async fn two_plan_runs_started_together_write_one_plan() {
         assert_eq!(latest["id"], 1, "exactly one plan was written");
     }
 }
+
+/// One integer from a query, on its own thread and runtime.
+fn query_i64(url: &str, sql: &str) -> i64 {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            let value: i64 = sqlx::Row::get(&row, 0);
+            pool.close().await;
+            value
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+fn sqlite_integrity(url: &str) -> String {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+            let row = sqlx::query("PRAGMA integrity_check")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            let value: String = sqlx::Row::get(&row, 0);
+            pool.close().await;
+            value
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_plan_run_leaves_the_previous_plan_current() {
+    let dbs = Databases::new("crash");
+    for db in &dbs.urls {
+        let admin = token(db, "admin", "root", None);
+        let server = Server::start(db);
+        let api = Api::new(&server.url);
+        set_up_fleet(&api, &admin).await;
+        for i in 0..40 {
+            let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
+                "migratable": true, "home_site": "dirty",
+                "deadline_utc": (Utc::now() + Duration::hours(10 + i % 12)).to_rfc3339() });
+            assert_eq!(
+                api.post("/v1/jobs", &admin, body).await.0,
+                StatusCode::CREATED
+            );
+        }
+        let plan_args = ["plan", "--db", db, "--slots", "24", "--time-limit", "2"];
+        stdout(&windfall(&plan_args));
+        let mut completed = 1;
+        // SIGKILL at points spread over a run: while connecting, solving and writing.
+        for delay_ms in [30, 120, 250, 400, 600, 900, 1300] {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
+                .args(plan_args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            let finished = child.try_wait().unwrap().is_some_and(|s| s.success());
+            child.kill().ok();
+            child.wait().unwrap();
+            completed += usize::from(finished);
+            let plans = query_i64(db, "SELECT COUNT(*) FROM plans");
+            assert!(plans >= completed as i64);
+            // Every stored plan is whole: it has its assignments, and no assignment is orphaned.
+            let empty = query_i64(
+                db,
+                "SELECT COUNT(*) FROM plans p WHERE NOT EXISTS \
+                 (SELECT 1 FROM assignments a WHERE a.plan_id = p.id)",
+            );
+            assert_eq!(
+                empty, 0,
+                "a plan without assignments after a kill at {delay_ms} ms"
+            );
+            let orphans = query_i64(
+                db,
+                "SELECT COUNT(*) FROM assignments a WHERE NOT EXISTS \
+                 (SELECT 1 FROM plans p WHERE p.id = a.plan_id)",
+            );
+            assert_eq!(orphans, 0);
+            let (status, latest) = api.get("/v1/plans/latest", Some(&admin)).await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(latest["id"].as_i64(), Some(plans), "{latest}");
+        }
+        if db.starts_with("sqlite:") {
+            assert_eq!(sqlite_integrity(db), "ok");
+        }
+        // The lock died with the killed runs: a rerun succeeds.
+        let before = query_i64(db, "SELECT COUNT(*) FROM plans");
+        let out = stdout(&windfall(&plan_args));
+        assert!(out.contains(&format!("plan #{}", before + 1)), "{out}");
+    }
+}
