@@ -66,6 +66,10 @@ pub struct CycleArgs {
     /// Solver time limit in seconds.
     #[arg(long, env = "WINDFALL_TIME_LIMIT", default_value_t = 30.0)]
     pub time_limit: f64,
+    /// Plan stability: g CO2e a job-slot changed against the previous plan must save before the
+    /// planner moves it (a slot moved elsewhere counts twice).
+    #[arg(long, env = "WINDFALL_CHANGE_PENALTY_G", default_value_t = 10.0)]
+    pub change_penalty_g: f64,
 }
 
 /// `windfall token` actions.
@@ -548,6 +552,7 @@ fn cycle_config(db_url: &str, cycle: &CycleArgs) -> crate::planning::CycleConfig
         slot_minutes: cycle.slot_minutes,
         time_limit_s: cycle.time_limit,
         lock_path: crate::planning::sqlite_lock_path(db_url),
+        change_penalty_g: cycle.change_penalty_g,
     }
 }
 

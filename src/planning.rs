@@ -28,6 +28,8 @@ pub struct CycleConfig {
     pub time_limit_s: f64,
     /// Lock file for SQLite databases (PostgreSQL uses an advisory lock).
     pub lock_path: Option<PathBuf>,
+    /// Objective penalty per job-slot changed against the previous plan, g CO2e.
+    pub change_penalty_g: f64,
 }
 
 /// What one cycle produced.
@@ -88,6 +90,9 @@ pub async fn run_cycle(
     if config.slots == 0 || config.slot_minutes == 0 {
         bail!("the horizon needs at least one slot of at least one minute");
     }
+    if !(config.change_penalty_g.is_finite() && config.change_penalty_g >= 0.0) {
+        bail!("the change penalty must be a finite number >= 0");
+    }
     let Some(lock) = store.try_planning_lock(config.lock_path.as_deref()).await? else {
         bail!(
             "another planning run holds the planning lock; this run stops without writing \
@@ -103,7 +108,8 @@ pub async fn run_cycle(
         slot_minutes: config.slot_minutes,
         slots: config.slots,
     };
-    let (instance, provenance) = fleet::build_instance(store, horizon).await?;
+    let (mut instance, provenance) = fleet::build_instance(store, horizon).await?;
+    instance.params.change_penalty_g = config.change_penalty_g;
     let jobs = instance.jobs.len();
     let options = SolveOptions {
         time_limit_s: config.time_limit_s,

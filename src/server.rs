@@ -208,6 +208,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/plans", post(trigger_plan))
         .route("/v1/plans/latest", get(latest_plan))
         .route("/v1/plans/{id}", get(plan_by_id))
+        .route("/v1/plans/{id}/diff", get(plan_diff))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
@@ -987,6 +988,83 @@ async fn plan_by_id(
     Ok(Json(plan_json(&plan)))
 }
 
+/// Per job, how plan `id` differs from the plan before it: jobs added or dropped, and for jobs
+/// in both, the slots that start, stop or change site, GPU model or power cap.
+async fn plan_diff(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Admin, Role::Viewer, Role::User],
+        "read plans",
+    )?;
+    let plan = state
+        .store
+        .plan(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no plan {id}")))?;
+    let Some(previous) = state.store.plan(id - 1).await? else {
+        return Ok(Json(
+            json!({ "plan_id": id, "previous_plan_id": null, "jobs": [] }),
+        ));
+    };
+    // Compare in UTC slot start times: the two plans' horizons may start at different slots.
+    type Runs = BTreeMap<String, BTreeMap<DateTime<Utc>, (String, f64, Option<String>)>>;
+    let runs = |p: &crate::model::PlanRecord| -> Runs {
+        let slot = Duration::minutes(i64::from(p.slot_minutes));
+        let mut out: Runs = BTreeMap::new();
+        for a in &p.plan.assignments {
+            out.entry(a.job.clone()).or_default().insert(
+                p.horizon_start_utc + slot * a.slot as i32,
+                (a.site.clone(), a.power_w, a.gpu_model.clone()),
+            );
+        }
+        out
+    };
+    let (new, old) = (runs(&plan), runs(&previous));
+    // Only the overlap of the two horizons is comparable.
+    let horizon_end = |p: &crate::model::PlanRecord| {
+        p.horizon_start_utc + Duration::minutes(i64::from(p.slot_minutes)) * p.slots as i32
+    };
+    let from = plan.horizon_start_utc.max(previous.horizon_start_utc);
+    let to = horizon_end(&plan).min(horizon_end(&previous));
+    let mut jobs: Vec<Value> = Vec::new();
+    let ids: std::collections::BTreeSet<&String> = new.keys().chain(old.keys()).collect();
+    let empty = BTreeMap::new();
+    for job in ids {
+        let (n, o) = (
+            new.get(job).unwrap_or(&empty),
+            old.get(job).unwrap_or(&empty),
+        );
+        let status = match (new.contains_key(job), old.contains_key(job)) {
+            (true, false) => "added",
+            (false, true) => "dropped",
+            _ => "kept",
+        };
+        let mut changes = Vec::new();
+        let times: std::collections::BTreeSet<&DateTime<Utc>> = n.keys().chain(o.keys()).collect();
+        for t in times.into_iter().filter(|t| **t >= from && **t < to) {
+            match (n.get(t), o.get(t)) {
+                (Some(a), Some(b)) if a == b => {}
+                (a, b) => changes.push(json!({
+                    "start_utc": t,
+                    "now": a.map(|(site, w, m)| json!({ "site": site, "power_w": w, "gpu_model": m })),
+                    "before": b.map(|(site, w, m)| json!({ "site": site, "power_w": w, "gpu_model": m })),
+                })),
+            }
+        }
+        if status != "kept" || !changes.is_empty() {
+            jobs.push(json!({ "job": job, "status": status, "changed_slots": changes }));
+        }
+    }
+    Ok(Json(json!({
+        "plan_id": id, "previous_plan_id": previous.id, "compared_from_utc": from,
+        "compared_to_utc": to, "jobs": jobs,
+    })))
+}
+
 async fn openapi() -> Json<Value> {
     let bearer = json!([{ "bearer": [] }]);
     let op = |summary: &str| {
@@ -1031,7 +1109,8 @@ async fn openapi() -> Json<Value> {
             "/v1/forecasts": { "post": op("upload canonical forecast CSV (admin); header X-Windfall-Source labels it") },
             "/v1/plans": { "post": op("run one planning cycle now (admin)") },
             "/v1/plans/latest": { "get": op("the current plan") },
-            "/v1/plans/{id}": { "get": op("a plan by id") }
+            "/v1/plans/{id}": { "get": op("a plan by id") },
+            "/v1/plans/{id}/diff": { "get": op("per job, what changed against the plan before it (added, dropped, slots that start, stop or move)") }
         }
     }))
 }

@@ -184,6 +184,35 @@ pub(crate) fn construct(problem: &Problem, skip: &[bool]) -> Pass {
     best.expect("at least one pass runs").1
 }
 
+/// Keeps the runs in `kept` (jobs with `Some` there) and places every other job with a
+/// non-empty window around them, in deadline order, spreading where that is cheaper. Used to
+/// warm-start from the previous plan; the caller validates the result.
+pub(crate) fn complete(problem: &Problem, skip: &[bool], kept: &Schedule) -> Pass {
+    let mut residual = Residual::new(problem);
+    let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
+    for (job, slots) in kept.runs.iter().enumerate() {
+        if let Some(slots) = slots.as_ref().filter(|_| !skip[job]) {
+            residual.apply(problem, job, slots, 1.0);
+            runs[job] = Some(slots.clone());
+        }
+    }
+    let mut order: Vec<usize> = (0..problem.jobs.len())
+        .filter(|&j| !skip[j] && runs[j].is_none())
+        .collect();
+    order.sort_by_key(|&j| (problem.jobs[j].window.end, problem.jobs[j].window.start, j));
+    let mut failed = Vec::new();
+    for job in order {
+        match best_placement(problem, &residual, job, true) {
+            Some((_, slots)) => {
+                residual.apply(problem, job, &slots, 1.0);
+                runs[job] = Some(slots);
+            }
+            None => failed.push((job, "no GPU capacity or grid headroom left before its deadline once the other jobs are placed".to_string())),
+        }
+    }
+    (Schedule { runs }, failed)
+}
+
 fn construct_pass(problem: &Problem, skip: &[bool], spread: bool, first: &[usize]) -> Pass {
     let mut residual = Residual::new(problem);
     let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];

@@ -31,7 +31,7 @@ pub use instance::{CarbonSignal, GpuModel, Instance, InstanceError, Job, Params,
 pub use plan::{Assignment, Infeasible, Metrics, Migration, Plan};
 pub use validate::{SiteSeries, Validation, validate};
 
-use problem::Problem;
+use problem::{Problem, Schedule};
 
 /// Share of the time limit given to the column-generation master MILP (used when there are more
 /// than twice `NEIGHBOURHOOD_JOBS` jobs); the rest goes to neighbourhood search when the plan is
@@ -120,7 +120,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // Plan stability: the previous plan's runs, for every job they still finish, with the
     // heuristic's runs for the rest, start the search when that is valid and cheaper.
     if !instance.previous_assignments.is_empty() {
-        let mut kept = heuristic_schedule.clone();
+        let mut kept = Schedule {
+            runs: vec![None; n_jobs],
+        };
         for job in (0..n_jobs).filter(|&j| !skip[j]) {
             let runs = problem.previous_runs(job);
             let finishes = heuristic::progress(&problem, job, &runs)
@@ -129,18 +131,24 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 kept.runs[job] = Some(runs);
             }
         }
-        let kept_failed: Vec<(usize, String)> = heuristic_failed
-            .iter()
-            .filter(|(j, _)| kept.runs[*j].is_none())
-            .cloned()
-            .collect();
-        if kept != heuristic_schedule
-            && problem.evaluate(&kept).objective_g
-                < problem.evaluate(&heuristic_schedule).objective_g
-            && validate(instance, &problem.to_plan(&kept, &named(&kept_failed))).valid
+        let (completed, completed_failed) = heuristic::complete(&problem, &skip, &kept);
+        let better = (
+            completed_failed.len(),
+            problem.evaluate(&completed).objective_g,
+        ) < (
+            heuristic_failed.len(),
+            problem.evaluate(&heuristic_schedule).objective_g,
+        );
+        if completed != heuristic_schedule
+            && better
+            && validate(
+                instance,
+                &problem.to_plan(&completed, &named(&completed_failed)),
+            )
+            .valid
         {
-            heuristic_schedule = kept;
-            heuristic_failed = kept_failed;
+            heuristic_schedule = completed;
+            heuristic_failed = completed_failed;
             method = "previous plan (completed by the heuristic)".to_string();
         }
     }

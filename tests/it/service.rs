@@ -553,7 +553,7 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
         let server = Server::start(db);
         let api = Api::new(&server.url);
         set_up_fleet(&api, &admin).await;
-        for i in 0..40 {
+        for i in 0..30 {
             let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
                 "migratable": true, "home_site": "dirty",
                 "deadline_utc": (Utc::now() + Duration::hours(10 + i % 12)).to_rfc3339() });
@@ -562,7 +562,18 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
                 StatusCode::CREATED
             );
         }
-        let plan_args = ["plan", "--db", db, "--slots", "24", "--time-limit", "2"];
+        // A high change penalty: a rerun with unchanged inputs must keep its plan.
+        let plan_args = [
+            "plan",
+            "--db",
+            db,
+            "--slots",
+            "24",
+            "--time-limit",
+            "2",
+            "--change-penalty-g",
+            "1000",
+        ];
         stdout(&windfall(&plan_args));
         let mut completed = 1;
         // SIGKILL at points spread over a run: while connecting, solving and writing.
@@ -607,5 +618,32 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
         let before = query_i64(db, "SELECT COUNT(*) FROM plans");
         let out = stdout(&windfall(&plan_args));
         assert!(out.contains(&format!("plan #{}", before + 1)), "{out}");
+        // With unchanged inputs the rerun keeps the previous plan (plan stability), and the
+        // diff says so; a new job shows up as added.
+        let (status, diff) = api
+            .get(&format!("/v1/plans/{}/diff", before + 1), Some(&admin))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{diff}");
+        assert_eq!(diff["previous_plan_id"].as_i64(), Some(before));
+        assert_eq!(diff["jobs"].as_array().unwrap().len(), 0, "{diff}");
+        let body = json!({ "id": "late", "gpus": 1, "work_hours": 1, "home_site": "clean",
+            "deadline_utc": (Utc::now() + Duration::hours(23)).to_rfc3339() });
+        assert_eq!(
+            api.post("/v1/jobs", &admin, body).await.0,
+            StatusCode::CREATED
+        );
+        stdout(&windfall(&plan_args));
+        let (_, diff) = api
+            .get(&format!("/v1/plans/{}/diff", before + 2), Some(&admin))
+            .await;
+        let added: Vec<&Value> = diff["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["status"] == "added")
+            .collect();
+        let (_, late) = api.get("/v1/jobs/late", Some(&admin)).await;
+        assert_eq!(added.len(), 1, "{diff} {late}");
+        assert_eq!(added[0]["job"], "late");
     }
 }
