@@ -118,6 +118,25 @@ pub enum JobsCommand {
     },
 }
 
+/// `windfall bench` targets.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Load the API on loopback: half job submissions, half directive polls, over real HTTP
+    /// against an in-process server; prints requests/s and latency percentiles. Needs an empty
+    /// database (it creates a site, 100 jobs, a plan and tokens).
+    Api {
+        /// Database URL (an empty one).
+        #[arg(long)]
+        db: String,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 60.0)]
+        duration: f64,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+    },
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -184,6 +203,9 @@ pub enum Command {
     /// List, show or cancel jobs through the planner API.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Benchmarks that print figures (see docs/benchmarks.md).
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Run the main job on the embedded default: fresh SQLite database, bundled sample sites,
     /// forecasts and jobs, a 48-hour plan, a summary and an HTML report.
     Demo {
@@ -500,6 +522,22 @@ fn run(command: Command) -> Result<ExitCode> {
             } else {
                 print!("{table}");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Api {
+            db,
+            duration,
+            concurrency,
+        }) => {
+            if !(duration.is_finite() && duration > 0.0) || concurrency == 0 {
+                anyhow::bail!("--duration must be > 0 and --concurrency at least 1");
+            }
+            let load = crate::bench::LoadConfig {
+                duration: std::time::Duration::from_secs_f64(duration),
+                concurrency,
+            };
+            let report = runtime()?.block_on(crate::bench::run(&db, &load))?;
+            println!("{}", report.text(&crate::db::redact(&db)));
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate {

@@ -14,9 +14,11 @@
 //! - `planning`: one planning cycle (`windfall plan`, `POST /v1/plans`) under the planning lock;
 //! - `server`: `windfall serve`, the HTTP API;
 //! - `client`: `windfall submit` and `windfall jobs` over the API;
+//! - `bench`: `windfall bench api`, the API load benchmark;
 //! - `cli`: argument parsing and the commands' glue.
 
 pub mod auth;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod db;

@@ -41,6 +41,18 @@ pub struct AppState {
     /// Serialises planning triggers inside this process (the store lock covers other processes).
     planning: Mutex<()>,
     metrics: Counters,
+    /// Token hash -> holder, for `TOKEN_CACHE_TTL`: a request then costs no token query.
+    tokens: std::sync::Mutex<std::collections::HashMap<String, (Principal, Instant)>>,
+    /// The latest plan as last read, with its jobs' commands; reused while no newer plan exists.
+    plan_cache: Mutex<Option<Arc<CachedPlan>>>,
+}
+
+/// How long a verified token is trusted without asking the store again.
+const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+struct CachedPlan {
+    plan: crate::model::PlanRecord,
+    commands: BTreeMap<String, Option<String>>,
 }
 
 #[derive(Default)]
@@ -62,7 +74,35 @@ impl AppState {
             cycle,
             planning: Mutex::new(()),
             metrics: Counters::default(),
+            tokens: std::sync::Mutex::new(std::collections::HashMap::new()),
+            plan_cache: Mutex::new(None),
         }
+    }
+
+    /// The latest plan and its jobs' commands, read again only when a newer plan exists.
+    async fn latest_plan_cached(&self) -> ApiResult<Option<Arc<CachedPlan>>> {
+        let Some(id) = self.store.latest_plan_id().await? else {
+            return Ok(None);
+        };
+        let mut cache = self.plan_cache.lock().await;
+        if let Some(cached) = cache.as_ref()
+            && cached.plan.id == id
+        {
+            return Ok(Some(cached.clone()));
+        }
+        let Some(plan) = self.store.plan(id).await? else {
+            return Ok(None);
+        };
+        let mut commands = BTreeMap::new();
+        for a in &plan.plan.assignments {
+            if !commands.contains_key(&a.job) {
+                let command = self.store.job(&a.job).await?.and_then(|j| j.command);
+                commands.insert(a.job.clone(), command);
+            }
+        }
+        let fresh = Arc::new(CachedPlan { plan, commands });
+        *cache = Some(fresh.clone());
+        Ok(Some(fresh))
     }
 }
 
@@ -161,20 +201,31 @@ impl FromRequestParts<Shared> for Principal {
             .ok()
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        let hash = hash_token(token.trim());
+        if let Ok(cache) = state.tokens.lock()
+            && let Some((principal, at)) = cache.get(&hash)
+            && at.elapsed() < TOKEN_CACHE_TTL
+        {
+            return Ok(principal.clone());
+        }
         let record = state
             .store
-            .token_by_hash(&hash_token(token.trim()))
+            .token_by_hash(&hash)
             .await?
             .ok_or_else(|| unauthorized("unknown or revoked token"))?;
         let role: Role = record
             .role
             .parse()
             .map_err(|e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-        Ok(Principal {
+        let principal = Principal {
             name: record.name,
             role,
             site: record.site,
-        })
+        };
+        if let Ok(mut cache) = state.tokens.lock() {
+            cache.insert(hash, (principal.clone(), Instant::now()));
+        }
+        Ok(principal)
     }
 }
 
@@ -798,11 +849,12 @@ async fn directives(
             "this token may not read the directives of site `{site}`"
         )));
     }
-    let Some(plan) = state.store.latest_plan().await? else {
+    let Some(cached) = state.latest_plan_cached().await? else {
         return Ok(Json(
             json!({ "site": site, "plan_id": null, "runs": [], "migrations": [] }),
         ));
     };
+    let plan = &cached.plan;
     let slot = Duration::minutes(i64::from(plan.slot_minutes));
     let from = range.from.unwrap_or(plan.horizon_start_utc);
     let to = range
@@ -815,19 +867,15 @@ async fn directives(
         let start = plan.horizon_start_utc + slot * slot_index as i32;
         (start < to && start + slot > from).then_some(start)
     };
-    let mut commands: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut runs = Vec::new();
     for a in plan.plan.assignments.iter().filter(|a| a.site == site) {
         let Some(start) = in_range(a.slot) else {
             continue;
         };
-        if !commands.contains_key(&a.job) {
-            let command = state.store.job(&a.job).await?.and_then(|j| j.command);
-            commands.insert(a.job.clone(), command);
-        }
+        let command = cached.commands.get(&a.job).cloned().flatten();
         runs.push(json!({
             "job": a.job, "start_utc": start, "end_utc": start + slot,
-            "power_cap_w": a.power_w, "gpu_model": a.gpu_model, "command": commands[&a.job],
+            "power_cap_w": a.power_w, "gpu_model": a.gpu_model, "command": command,
         }));
     }
     let migrations: Vec<Value> = plan

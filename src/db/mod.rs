@@ -107,6 +107,9 @@ fn parse_time(what: &str, text: &str) -> Result<DateTime<Utc>> {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// Serialises this process's writes on SQLite, which has one writer at a time: waiting here
+    /// is cheaper than SQLite's busy-retry sleeps.
+    write_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// One stored forecast value set.
@@ -147,12 +150,32 @@ impl Store {
         } else {
             return Err(StoreError::UnsupportedUrl(url.to_string()));
         };
+        // SQLite runs in WAL mode with `synchronous = NORMAL`: readers do not wait for the
+        // writer, and a commit needs no fsync of the main file. A killed process loses nothing
+        // committed; a power cut may lose the last commits but never corrupts the database.
+        let sqlite = backend == Backend::Sqlite;
         let pool = AnyPoolOptions::new()
-            .max_connections(if backend == Backend::Sqlite { 1 } else { 5 })
+            .max_connections(if sqlite { 4 } else { 8 })
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if sqlite {
+                        use sqlx::Executor;
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA synchronous = NORMAL").await?;
+                        conn.execute("PRAGMA busy_timeout = 10000").await?;
+                        conn.execute("PRAGMA foreign_keys = ON").await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect(&url)
             .await
             .map_err(db(format!("connecting to {}", redact(&url))))?;
-        let store = Store { pool, backend };
+        let store = Store {
+            pool,
+            backend,
+            write_gate: std::sync::Arc::new(tokio::sync::Mutex::new(())),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -175,6 +198,14 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Held for one write on SQLite; free on PostgreSQL.
+    async fn write_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match self.backend {
+            Backend::Sqlite => Some(self.write_gate.lock().await),
+            Backend::Postgres => None,
+        }
     }
 
     /// The backend in use.
@@ -383,6 +414,7 @@ impl Store {
 
     /// Inserts a new job; an existing id is a conflict.
     pub async fn insert_job(&self, job: &JobRecord) -> Result<()> {
+        let _turn = self.write_turn().await;
         let result = sqlx::query(
             "INSERT INTO jobs (id, state, gpus, gpu_models, work_hours, release_utc, deadline_utc,
                checkpoint_gb, save_s, restore_s, migratable, home_site, current_site, state_reason,
@@ -457,6 +489,7 @@ impl Store {
         state: JobState,
         reason: Option<&str>,
     ) -> Result<()> {
+        let _turn = self.write_turn().await;
         sqlx::query("UPDATE jobs SET state = $1, state_reason = $2 WHERE id = $3")
             .bind(state.as_str())
             .bind(reason.map(str::to_string))
@@ -470,6 +503,7 @@ impl Store {
     /// Stores a plan, its assignments and migrations, and the job states it implies (planned or
     /// infeasible with the reason), in one transaction. Returns the plan's id.
     pub async fn save_plan(&self, new: &NewPlan) -> Result<i64> {
+        let _turn = self.write_turn().await;
         let metrics = serde_json::to_string(&new.metrics).map_err(|e| corrupt("metrics", e))?;
         let provenance =
             serde_json::to_string(&new.provenance).map_err(|e| corrupt("provenance", e))?;
@@ -565,6 +599,15 @@ impl Store {
         }
         tx.commit().await.map_err(db("committing the plan"))?;
         Ok(plan_id)
+    }
+
+    /// Id of the newest plan.
+    pub async fn latest_plan_id(&self) -> Result<Option<i64>> {
+        Ok(sqlx::query("SELECT MAX(id) FROM plans")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("finding the latest plan"))?
+            .get(0))
     }
 
     /// The newest plan, if any.
@@ -740,6 +783,7 @@ impl Store {
         now: DateTime<Utc>,
         inventory_json: &str,
     ) -> Result<()> {
+        let _turn = self.write_turn().await;
         sqlx::query(
             "INSERT INTO heartbeats (site_id, time_utc, inventory_json) VALUES ($1, $2, $3)
              ON CONFLICT (site_id) DO UPDATE SET time_utc = excluded.time_utc,

@@ -647,3 +647,27 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
         assert_eq!(added[0]["job"], "late");
     }
 }
+
+#[test]
+fn the_api_load_benchmark_runs_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let out = stdout(&windfall(&[
+        "bench",
+        "api",
+        "--db",
+        &db,
+        "--duration",
+        "1",
+        "--concurrency",
+        "2",
+    ]));
+    assert!(
+        out.contains("requests/s") && out.contains(" 0 errors"),
+        "{out}"
+    );
+    // A second run refuses the now non-empty database instead of mixing its data in.
+    let again = windfall(&["bench", "api", "--db", &db, "--duration", "1"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("empty database"));
+}
