@@ -53,6 +53,8 @@ const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 struct CachedPlan {
     plan: crate::model::PlanRecord,
     commands: BTreeMap<String, Option<String>>,
+    /// Per site, the directives over the whole horizon as sent (the usual poll, without a range).
+    whole_horizon: std::sync::Mutex<BTreeMap<String, Arc<String>>>,
 }
 
 #[derive(Default)]
@@ -100,7 +102,11 @@ impl AppState {
                 commands.insert(a.job.clone(), command);
             }
         }
-        let fresh = Arc::new(CachedPlan { plan, commands });
+        let fresh = Arc::new(CachedPlan {
+            plan,
+            commands,
+            whole_horizon: std::sync::Mutex::new(BTreeMap::new()),
+        });
         *cache = Some(fresh.clone());
         Ok(Some(fresh))
     }
@@ -842,7 +848,7 @@ async fn directives(
     principal: Principal,
     Path(site): Path<String>,
     Query(range): Query<Range>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let allowed = principal.role == Role::Viewer || principal.may_act_for_site(&site);
     if !allowed {
         return Err(ApiError::forbidden(format!(
@@ -850,10 +856,28 @@ async fn directives(
         )));
     }
     let Some(cached) = state.latest_plan_cached().await? else {
-        return Ok(Json(
-            json!({ "site": site, "plan_id": null, "runs": [], "migrations": [] }),
-        ));
+        return Ok(
+            Json(json!({ "site": site, "plan_id": null, "runs": [], "migrations": [] }))
+                .into_response(),
+        );
     };
+    let whole = range.from.is_none() && range.to.is_none();
+    let as_json = |text: Arc<String>| {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            text.as_str().to_owned(),
+        )
+            .into_response()
+    };
+    if whole
+        && let Some(text) = cached
+            .whole_horizon
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&site).cloned())
+    {
+        return Ok(as_json(text));
+    }
     let plan = &cached.plan;
     let slot = Duration::minutes(i64::from(plan.slot_minutes));
     let from = range.from.unwrap_or(plan.horizon_start_utc);
@@ -890,10 +914,17 @@ async fn directives(
             })
         })
         .collect();
-    Ok(Json(json!({
-        "site": site, "plan_id": plan.id, "from_utc": from, "to_utc": to,
-        "runs": runs, "migrations": migrations,
-    })))
+    let text = Arc::new(
+        json!({
+            "site": site, "plan_id": plan.id, "from_utc": from, "to_utc": to,
+            "runs": runs, "migrations": migrations,
+        })
+        .to_string(),
+    );
+    if whole && let Ok(mut m) = cached.whole_horizon.lock() {
+        m.insert(site, text.clone());
+    }
+    Ok(as_json(text))
 }
 
 #[derive(Debug, Deserialize)]
