@@ -20,6 +20,11 @@ pub struct Cli {
     /// More log output (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// TOML configuration file. Its keys (db, listen, server, token, slots, slot_minutes,
+    /// time_limit, change_penalty_g) fill in what neither a flag nor an environment variable
+    /// gives: flag > environment > file > default.
+    #[arg(long, global = true, env = "WINDFALL_CONFIG")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -271,6 +276,10 @@ pub enum Command {
 
 /// Parses arguments, runs the command and turns errors into a message and exit code.
 pub fn main() -> ExitCode {
+    if let Err(err) = apply_config_file() {
+        eprintln!("error: {err:#}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     let filter = match cli.verbose {
         0 => "warn",
@@ -571,6 +580,59 @@ fn run(command: Command) -> Result<ExitCode> {
             })
         }
     }
+}
+
+/// Configuration keys and the environment variables they stand in for.
+const CONFIG_KEYS: [(&str, &str); 8] = [
+    ("db", "WINDFALL_DB"),
+    ("listen", "WINDFALL_LISTEN"),
+    ("server", "WINDFALL_SERVER"),
+    ("token", "WINDFALL_TOKEN"),
+    ("slots", "WINDFALL_PLAN_SLOTS"),
+    ("slot_minutes", "WINDFALL_SLOT_MINUTES"),
+    ("time_limit", "WINDFALL_TIME_LIMIT"),
+    ("change_penalty_g", "WINDFALL_CHANGE_PENALTY_G"),
+];
+
+/// Reads the `--config` file (or `WINDFALL_CONFIG`) and exports each key as its environment
+/// variable unless that is already set, so clap's precedence becomes flag > environment > file
+/// > default.
+fn apply_config_file() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let from_args = args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--config=").map(str::to_string).or_else(|| {
+            (a == "--config")
+                .then(|| args.get(i + 1).cloned())
+                .flatten()
+        })
+    });
+    let Some(path) = from_args.or_else(|| std::env::var("WINDFALL_CONFIG").ok()) else {
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading configuration file {path}"))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("configuration file {path}"))?;
+    for (key, value) in &table {
+        let Some((_, var)) = CONFIG_KEYS.iter().find(|(k, _)| k == key) else {
+            let known: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
+            anyhow::bail!(
+                "configuration file {path}: unknown key `{key}` (known: {})",
+                known.join(", ")
+            );
+        };
+        let text = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            _ => anyhow::bail!("configuration file {path}: `{key}` must be a string or a number"),
+        };
+        if std::env::var_os(var).is_none() {
+            // SAFETY: called at the start of `main`, before any thread exists.
+            unsafe { std::env::set_var(var, text) };
+        }
+    }
+    Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -671,3 +671,37 @@ fn the_api_load_benchmark_runs_and_reports() {
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("empty database"));
 }
+
+#[test]
+fn a_configuration_file_fills_in_what_flags_and_environment_do_not_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("from-config.db");
+    let config = dir.path().join("windfall.toml");
+    std::fs::write(
+        &config,
+        format!("db = \"sqlite://{}\"\ntime_limit = 5\n", db_path.display()),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let out = windfall(&[
+        "token", "create", "--config", config, "--role", "admin", "--name", "ops",
+    ]);
+    assert!(stdout(&out).starts_with("wf_"));
+    assert!(db_path.exists(), "the file's db was not used");
+    // A flag wins over the file.
+    let other = dir.path().join("from-flag.db");
+    let flag_db = format!("sqlite://{}", other.display());
+    stdout(&windfall(&[
+        "token", "create", "--config", config, "--db", &flag_db, "--role", "viewer", "--name", "v",
+    ]));
+    assert!(other.exists());
+    // Unknown keys are named.
+    std::fs::write(dir.path().join("bad.toml"), "colour = \"red\"\n").unwrap();
+    let bad = windfall(&[
+        "plan",
+        "--config",
+        dir.path().join("bad.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown key `colour`"));
+}
