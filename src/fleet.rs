@@ -115,6 +115,49 @@ pub struct Horizon {
     pub slots: usize,
 }
 
+/// A heartbeat older than this no longer says what a site has.
+pub const HEARTBEAT_FRESH_FOR: Duration = Duration::minutes(30);
+
+/// Per site, the GPU counts its agent reported in a fresh heartbeat (see [`HEARTBEAT_FRESH_FOR`]).
+async fn reported_inventory(
+    store: &Store,
+    now: DateTime<Utc>,
+) -> Result<BTreeMap<String, BTreeMap<String, u32>>> {
+    let mut out = BTreeMap::new();
+    for hb in store.heartbeats().await? {
+        if now - hb.time_utc > HEARTBEAT_FRESH_FOR {
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_str(&hb.inventory_json)
+            .with_context(|| format!("site {}: stored heartbeat is not JSON", hb.site))?;
+        let inventory: BTreeMap<String, u32> = value
+            .get("inventory")
+            .cloned()
+            .map(serde_json::from_value)
+            .transpose()
+            .with_context(|| format!("site {}: stored heartbeat inventory", hb.site))?
+            .unwrap_or_default();
+        out.insert(hb.site, inventory);
+    }
+    Ok(out)
+}
+
+/// What the planner may use at a site: the configured GPUs, capped per model by what the agent
+/// reports as usable (GPUs down or reserved drop out); models the agent does not report keep the
+/// configured count.
+fn usable_gpus(
+    configured: &BTreeMap<String, u32>,
+    reported: Option<&BTreeMap<String, u32>>,
+) -> BTreeMap<String, u32> {
+    configured
+        .iter()
+        .map(|(model, &n)| {
+            let usable = reported.and_then(|r| r.get(model)).map_or(n, |&r| r.min(n));
+            (model.clone(), usable)
+        })
+        .collect()
+}
+
 /// The latest stored plan's assignments moved onto `horizon`'s slots, for plan stability; empty
 /// when there is no plan or its slots do not line up with the horizon's.
 async fn previous_assignments(
@@ -158,6 +201,7 @@ pub async fn build_instance(
     }
     let slot = Duration::minutes(i64::from(horizon.slot_minutes));
     let end = horizon.start_utc + slot * horizon.slots as i32;
+    let reported = reported_inventory(store, horizon.start_utc).await?;
     let mut instance_sites = Vec::with_capacity(sites.len());
     let mut provenance = Vec::with_capacity(sites.len());
     for site in &sites {
@@ -242,7 +286,7 @@ pub async fn build_instance(
         instance_sites.push(Site {
             id: site.id.clone(),
             zone: site.zone.clone(),
-            gpus: site.gpus.clone(),
+            gpus: usable_gpus(&site.gpus, reported.get(&site.id)),
             pue: site.pue,
             grid_limit_kw: site.grid_limit_kw,
             wan_gbps: site.wan_gbps,

@@ -705,3 +705,52 @@ fn a_configuration_file_fills_in_what_flags_and_environment_do_not_give() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown key `colour`"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn planning_uses_the_inventory_agents_report() {
+    let dbs = Databases::new("inventory");
+    for db in &dbs.urls {
+        let admin = token(db, "admin", "root", None);
+        let server = Server::start(db);
+        let api = Api::new(&server.url);
+        set_up_fleet(&api, &admin).await;
+        let agent = token(db, "agent", "agent-clean", Some("clean"));
+        let body = json!({ "id": "t", "gpus": 2, "work_hours": 2, "home_site": "dirty",
+            "deadline_utc": (Utc::now() + Duration::hours(10)).to_rfc3339() });
+        assert_eq!(
+            api.post("/v1/jobs", &admin, body).await.0,
+            StatusCode::CREATED
+        );
+        let site_of_t = |plan: &Value| {
+            plan["plan"]["assignments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["job"] == "t")
+                .map(|a| a["site"].as_str().unwrap().to_string())
+        };
+        let plan_args = ["plan", "--db", db, "--slots", "24", "--time-limit", "2"];
+        // The clean site's agent reports only one usable GPU: the 2-GPU job must go elsewhere.
+        let (status, _) = api
+            .post(
+                "/v1/sites/clean/heartbeat",
+                &agent,
+                json!({ "inventory": { "H100": 1 } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        stdout(&windfall(&plan_args));
+        let (_, plan) = api.get("/v1/plans/latest", Some(&admin)).await;
+        assert_eq!(site_of_t(&plan).as_deref(), Some("dirty"), "{plan}");
+        // All four back: the job moves to the clean site.
+        api.post(
+            "/v1/sites/clean/heartbeat",
+            &agent,
+            json!({ "inventory": { "H100": 4 } }),
+        )
+        .await;
+        stdout(&windfall(&plan_args));
+        let (_, plan) = api.get("/v1/plans/latest", Some(&admin)).await;
+        assert_eq!(site_of_t(&plan).as_deref(), Some("clean"), "{plan}");
+    }
+}
