@@ -142,6 +142,19 @@ pub fn job_details(job: &Value) -> String {
     ] {
         out.push_str(&format!("{key:<14} {}\n", text(job, key)));
     }
+    if let Some(e) = job
+        .get("plan")
+        .and_then(|p| p.get("emissions"))
+        .filter(|e| e.is_object())
+    {
+        let kg = |k: &str| e.get(k).and_then(Value::as_f64).unwrap_or(0.0) / 1000.0;
+        out.push_str(&format!(
+            "emissions      {:.3} kg CO2e expected ({:.3} kg so far) vs {:.3} kg run-now\n",
+            kg("expected_g"),
+            kg("so_far_g"),
+            kg("run_now_baseline_g")
+        ));
+    }
     if let Some(runs) = job
         .get("plan")
         .and_then(|p| p.get("runs"))

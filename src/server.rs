@@ -55,6 +55,31 @@ struct CachedPlan {
     commands: BTreeMap<String, Option<String>>,
     /// Per site, the directives over the whole horizon as sent (the usual poll, without a range).
     whole_horizon: std::sync::Mutex<BTreeMap<String, Arc<String>>>,
+    /// Per job, emissions attributed under the plan and under the run-now baseline, computed on
+    /// first use.
+    attribution: std::sync::OnceLock<Option<Attribution>>,
+}
+
+/// Per job, (slot, g CO2e) under the plan and under the run-now baseline of the same instance.
+struct Attribution {
+    planned: BTreeMap<String, Vec<(usize, f64)>>,
+    baseline: BTreeMap<String, Vec<(usize, f64)>>,
+}
+
+impl CachedPlan {
+    fn attribution(&self) -> Option<&Attribution> {
+        self.attribution
+            .get_or_init(|| {
+                let instance =
+                    windfall_solver::Instance::from_json(&self.plan.instance_json).ok()?;
+                let baseline = windfall_solver::baseline_plan(&instance);
+                Some(Attribution {
+                    planned: windfall_solver::job_emissions_g(&instance, &self.plan.plan),
+                    baseline: windfall_solver::job_emissions_g(&instance, &baseline),
+                })
+            })
+            .as_ref()
+    }
 }
 
 #[derive(Default)]
@@ -106,6 +131,7 @@ impl AppState {
             plan,
             commands,
             whole_horizon: std::sync::Mutex::new(BTreeMap::new()),
+            attribution: std::sync::OnceLock::new(),
         });
         *cache = Some(fresh.clone());
         Ok(Some(fresh))
@@ -661,8 +687,9 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let job = load_job(&state, &principal, &id).await?;
-    let planned = match state.store.latest_plan().await? {
-        Some(plan) => {
+    let planned = match state.latest_plan_cached().await? {
+        Some(cached) => {
+            let plan = &cached.plan;
             let slot = Duration::minutes(i64::from(plan.slot_minutes));
             let runs: Vec<Value> = plan
                 .plan
@@ -675,7 +702,20 @@ async fn get_job(
                             "power_w": a.power_w, "gpu_model": a.gpu_model })
                 })
                 .collect();
-            Some(json!({ "plan_id": plan.id, "runs": runs }))
+            // Emissions in this plan's horizon: expected, already past, and under run-now.
+            let now = Utc::now();
+            let emissions = cached.attribution().map(|a| {
+                let planned = a.planned.get(&id).map(Vec::as_slice).unwrap_or_default();
+                let past = |slot_index: usize| {
+                    plan.horizon_start_utc + slot * (slot_index as i32 + 1) <= now
+                };
+                json!({
+                    "expected_g": planned.iter().map(|(_, g)| g).sum::<f64>(),
+                    "so_far_g": planned.iter().filter(|(s, _)| past(*s)).map(|(_, g)| g).sum::<f64>(),
+                    "run_now_baseline_g": a.baseline.get(&id).map_or(0.0, |v| v.iter().map(|(_, g)| g).sum::<f64>()),
+                })
+            });
+            Some(json!({ "plan_id": plan.id, "runs": runs, "emissions": emissions }))
         }
         None => None,
     };

@@ -361,6 +361,93 @@ pub fn baseline_emissions_g(instance: &Instance) -> f64 {
         .emissions_g
 }
 
+/// The run-now baseline of an instance as a plan (formats.md: released jobs start in release
+/// order at their home site, first fit, at full power, until done).
+pub fn baseline_plan(instance: &Instance) -> Plan {
+    let problem = Problem::new(instance);
+    let skip = vec![false; problem.jobs.len()];
+    problem.to_plan(&heuristic::run_now(&problem, &skip), &[])
+}
+
+/// Grid emissions of a plan attributed to its jobs, g CO2e, per job as (slot, grams).
+///
+/// Each site-slot's grid import is shared in proportion to load: a job's share of the slot's
+/// emissions is its added load (at its power cap, net of the idle power it replaces) over the
+/// site's total load, so surplus power is spread evenly over everything running. Idle power
+/// and checkpoint transfers keep their own share, so job totals sum to at most the plan's
+/// emissions. Assignments that name an unknown job, site or model are skipped (the validator
+/// reports them).
+pub fn job_emissions_g(
+    instance: &Instance,
+    plan: &Plan,
+) -> std::collections::BTreeMap<String, Vec<(usize, f64)>> {
+    let problem = Problem::new(instance);
+    let h = problem.slot_h;
+    let n_slots = instance.slots;
+    let site_index = |id: &str| instance.sites.iter().position(|s| s.id == id);
+    let mut load_kw: Vec<Vec<f64>> = (0..instance.sites.len())
+        .map(|s| vec![problem.idle_load_kw[s]; n_slots])
+        .collect();
+    let mut runs: Vec<(String, usize, usize, f64)> = Vec::new(); // job, site, slot, kW
+    for a in &plan.assignments {
+        let (Some(site), Some(job)) = (
+            site_index(&a.site),
+            instance.jobs.iter().find(|j| j.id == a.job),
+        ) else {
+            continue;
+        };
+        let model = a.gpu_model.clone().or_else(|| {
+            instance.sites[site]
+                .gpus
+                .keys()
+                .find(|m| {
+                    instance.gpu_models.get(*m).is_some_and(|g| {
+                        g.power_levels_w
+                            .iter()
+                            .any(|w| (w - a.power_w).abs() < 1e-6)
+                    })
+                })
+                .cloned()
+        });
+        let Some(spec) = model.and_then(|m| instance.gpu_models.get(&m)) else {
+            continue;
+        };
+        if a.slot >= n_slots {
+            continue;
+        }
+        let kw =
+            instance.sites[site].pue * f64::from(job.gpus) * (a.power_w - spec.idle_w) / 1000.0;
+        load_kw[site][a.slot] += kw;
+        runs.push((a.job.clone(), site, a.slot, kw));
+    }
+    for m in &plan.migrations {
+        let (Some(from), Some(to)) = (site_index(&m.from), site_index(&m.to)) else {
+            continue;
+        };
+        let kwh = instance
+            .jobs
+            .iter()
+            .find(|j| j.id == m.job)
+            .map_or(0.0, |j| {
+                instance.params.transfer_kwh_per_gb * j.checkpoint_gb
+            });
+        if m.slot < n_slots {
+            load_kw[from][m.slot] += kwh / h;
+            load_kw[to][m.slot] += kwh / h;
+        }
+    }
+    let mut out: std::collections::BTreeMap<String, Vec<(usize, f64)>> = Default::default();
+    for (job, site, slot, kw) in runs {
+        let spec = &instance.sites[site];
+        let total = load_kw[site][slot];
+        let grid_kw = (total - spec.surplus_kw[slot]).max(0.0);
+        let share = if total > 0.0 { kw / total } else { 0.0 };
+        let g = share * grid_kw * h * spec.carbon_g_per_kwh[slot];
+        out.entry(job).or_default().push((slot, g));
+    }
+    out
+}
+
 /// Large-neighbourhood search: re-optimises groups of jobs that overlap in time with the exact
 /// MILP while every other job stays where it is, keeping each change that lowers the objective.
 /// Spends at most `budget_s` in HiGHS (each neighbourhood has its own limit). Returns the

@@ -369,6 +369,14 @@ async fn jobs_plans_and_directives_end_to_end_with_authorization() {
             &alice,
         ]));
         assert!(shown.contains("planned runs"), "{shown}");
+        assert!(shown.contains("kg run-now"), "{shown}");
+        let (_, detail) = api.get("/v1/jobs/train-1", Some(&alice)).await;
+        let e = &detail["plan"]["emissions"];
+        let (expected, baseline) = (
+            e["expected_g"].as_f64().unwrap(),
+            e["run_now_baseline_g"].as_f64().unwrap(),
+        );
+        assert!(expected > 0.0 && expected < 0.2 * baseline, "{detail}");
 
         // A viewer reads but never writes; no token or a wrong one is 401.
         let (status, _) = api.get("/v1/jobs/train-1", Some(&viewer)).await;

@@ -608,3 +608,38 @@ fn the_change_penalty_moves_a_job_only_for_a_larger_gain() {
         dear.metrics
     );
 }
+
+#[test]
+fn job_emissions_add_up_to_the_plan_emissions() {
+    // Without idle power or transfer energy, every gram belongs to a job.
+    let instance = crate::fixtures::two_site_instance();
+    let solution = solve(&instance, &exact());
+    let per_job = windfall_solver::job_emissions_g(&instance, &solution.plan);
+    let total: f64 = per_job.values().flatten().map(|(_, g)| g).sum();
+    assert!(
+        relative_difference(total, solution.metrics.emissions_g) < 1e-9,
+        "{total} vs {}",
+        solution.metrics.emissions_g
+    );
+    // With idle power, jobs carry at most the plan's emissions.
+    let instance = random_instance(3, 10, 3, 12);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            method: Method::Heuristic,
+            ..exact()
+        },
+    );
+    let total: f64 = windfall_solver::job_emissions_g(&instance, &solution.plan)
+        .values()
+        .flatten()
+        .map(|(_, g)| g)
+        .sum();
+    assert!(total > 0.0 && total <= solution.metrics.emissions_g + 1e-6);
+    let baseline = windfall_solver::baseline_plan(&instance);
+    let check = validate(&instance, &baseline);
+    assert!(
+        relative_difference(check.emissions_g, solution.metrics.baseline_emissions_g) < 1e-9,
+        "the baseline plan is the metrics' baseline"
+    );
+}
