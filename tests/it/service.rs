@@ -137,8 +137,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+        // The shell's own `kill`: no procps needed.
+        let _ = Command::new("sh")
+            .args(["-c", &format!("kill -TERM {}", self.child.id())])
             .status();
         let _ = self.child.wait();
     }
