@@ -1124,7 +1124,11 @@ async fn plan_diff(
         .plan(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no plan {id}")))?;
-    let Some(previous) = state.store.plan(id - 1).await? else {
+    let previous = match state.store.plan_id_before(id).await? {
+        Some(before) => state.store.plan(before).await?,
+        None => None,
+    };
+    let Some(previous) = previous else {
         return Ok(Json(
             json!({ "plan_id": id, "previous_plan_id": null, "jobs": [] }),
         ));

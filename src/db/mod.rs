@@ -597,8 +597,28 @@ impl Store {
             .await
             .map_err(db(format!("marking job {} infeasible", entry.job)))?;
         }
+        // Fault injection for the crash tests: hold the written, uncommitted plan for this long,
+        // after saying so on standard error, so a test can kill the process mid-write.
+        if let Some(ms) = std::env::var(PAUSE_BEFORE_PLAN_COMMIT_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            eprintln!("plan written, not yet committed; pausing {ms} ms");
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         tx.commit().await.map_err(db("committing the plan"))?;
         Ok(plan_id)
+    }
+
+    /// Id of the newest plan older than plan `id` (ids can skip: a rolled-back write uses one up
+    /// on PostgreSQL).
+    pub async fn plan_id_before(&self, id: i64) -> Result<Option<i64>> {
+        Ok(sqlx::query("SELECT MAX(id) FROM plans WHERE id < $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("finding the previous plan"))?
+            .get(0))
     }
 
     /// Id of the newest plan.
@@ -907,6 +927,9 @@ impl Store {
         }
     }
 }
+
+/// Environment variable that makes `save_plan` pause before its commit (crash tests only).
+pub const PAUSE_BEFORE_PLAN_COMMIT_ENV: &str = "WINDFALL_TEST_PAUSE_BEFORE_PLAN_COMMIT_MS";
 
 /// Advisory lock key of the planning cycle (PostgreSQL).
 const PLANNING_LOCK_KEY: i64 = 0x7769_6e64_6661;

@@ -618,32 +618,67 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
             assert_eq!(orphans, 0);
             let (status, latest) = api.get("/v1/plans/latest", Some(&admin)).await;
             assert_eq!(status, StatusCode::OK);
-            assert_eq!(latest["id"].as_i64(), Some(plans), "{latest}");
+            let newest = query_i64(db, "SELECT MAX(id) FROM plans");
+            assert_eq!(latest["id"].as_i64(), Some(newest), "{latest}");
         }
+        // And exactly during the write: the plan's rows are in its transaction, not committed.
+        let before = query_i64(db, "SELECT COUNT(*) FROM plans");
+        let newest = query_i64(db, "SELECT MAX(id) FROM plans");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
+            .args(plan_args)
+            .env(windfall::db::PAUSE_BEFORE_PLAN_COMMIT_ENV, "20000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("not yet committed"), "{line}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(query_i64(db, "SELECT COUNT(*) FROM plans"), before);
+        let (_, latest) = api.get("/v1/plans/latest", Some(&admin)).await;
+        assert_eq!(latest["id"].as_i64(), Some(newest), "{latest}");
         if db.starts_with("sqlite:") {
             assert_eq!(sqlite_integrity(db), "ok");
         }
         // The lock died with the killed runs: a rerun succeeds.
-        let before = query_i64(db, "SELECT COUNT(*) FROM plans");
-        let out = stdout(&windfall(&plan_args));
-        assert!(out.contains(&format!("plan #{}", before + 1)), "{out}");
-        // With unchanged inputs the rerun keeps the previous plan (plan stability), and the
-        // diff says so; a new job shows up as added.
+        let plan_id = |out: &str| -> i64 {
+            out.split_whitespace()
+                .find_map(|w| w.strip_prefix('#'))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no plan id in {out}"))
+        };
+        let before = query_i64(db, "SELECT MAX(id) FROM plans");
+        let rerun = plan_id(&stdout(&windfall(&plan_args)));
+        assert!(rerun > before);
+        // With unchanged inputs the rerun keeps the previous plan's runs (plan stability), and
+        // the diff says so; a new job shows up as added.
         let (status, diff) = api
-            .get(&format!("/v1/plans/{}/diff", before + 1), Some(&admin))
+            .get(&format!("/v1/plans/{rerun}/diff"), Some(&admin))
             .await;
         assert_eq!(status, StatusCode::OK, "{diff}");
         assert_eq!(diff["previous_plan_id"].as_i64(), Some(before));
-        assert_eq!(diff["jobs"].as_array().unwrap().len(), 0, "{diff}");
+        // Nothing planned before moves; the rerun may only place jobs the first run left out.
+        assert!(
+            diff["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|j| j["status"] == "added"),
+            "{diff}"
+        );
         let body = json!({ "id": "late", "gpus": 1, "work_hours": 1, "home_site": "clean",
             "deadline_utc": (Utc::now() + Duration::hours(23)).to_rfc3339() });
         assert_eq!(
             api.post("/v1/jobs", &admin, body).await.0,
             StatusCode::CREATED
         );
-        stdout(&windfall(&plan_args));
+        let latest = plan_id(&stdout(&windfall(&plan_args)));
         let (_, diff) = api
-            .get(&format!("/v1/plans/{}/diff", before + 2), Some(&admin))
+            .get(&format!("/v1/plans/{latest}/diff"), Some(&admin))
             .await;
         let added: Vec<&Value> = diff["jobs"]
             .as_array()
