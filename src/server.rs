@@ -287,7 +287,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/sites/{id}/heartbeat", post(heartbeat))
         .route("/v1/sites/{id}/directives", get(directives))
         .route("/v1/sites/{id}/events", post(post_event))
-        .route("/v1/forecasts", post(upload_forecasts))
+        .route("/v1/forecasts", post(upload_forecasts).get(query_forecasts))
         .route("/v1/plans", post(trigger_plan))
         .route("/v1/plans/latest", get(latest_plan))
         .route("/v1/plans/{id}", get(plan_by_id))
@@ -1055,6 +1055,63 @@ async fn upload_forecasts(
     Ok(Json(json!({ "rows": stored, "source": source })))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForecastQuery {
+    site: String,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    /// Only values issued at or before this time (what was known then); now when absent.
+    #[serde(default)]
+    as_of: Option<DateTime<Utc>>,
+}
+
+/// Longest forecast window one query returns.
+const MAX_FORECAST_QUERY_DAYS: i64 = 31;
+
+async fn query_forecasts(
+    State(state): State<Shared>,
+    principal: Principal,
+    Query(q): Query<ForecastQuery>,
+) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Admin, Role::Viewer, Role::User],
+        "read forecasts",
+    )?;
+    if q.to <= q.from {
+        return Err(ApiError::field("to", "must be after `from`"));
+    }
+    if q.to - q.from > Duration::days(MAX_FORECAST_QUERY_DAYS) {
+        return Err(ApiError::field(
+            "to",
+            format!("at most {MAX_FORECAST_QUERY_DAYS} days per query"),
+        ));
+    }
+    if !state.store.sites().await?.iter().any(|s| s.id == q.site) {
+        return Err(ApiError::field(
+            "site",
+            format!("unknown site `{}`", q.site),
+        ));
+    }
+    let as_of = q.as_of.unwrap_or_else(Utc::now);
+    let rows = state
+        .store
+        .forecast_window(&q.site, q.from, q.to, as_of)
+        .await?;
+    let values: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({ "time_utc": r.time_utc, "issued_utc": r.issued_utc, "source": r.source,
+                    "surplus_kw": r.surplus_kw, "carbon_g_per_kwh": r.carbon_g_per_kwh,
+                    "carbon_signal": r.carbon_signal, "price_usd_per_mwh": r.price_usd_per_mwh })
+        })
+        .collect();
+    Ok(Json(
+        json!({ "site": q.site, "as_of_utc": as_of, "values": values }),
+    ))
+}
+
 async fn trigger_plan(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
     require(&principal, &[Role::Admin], "trigger planning")?;
     let _guard = state.planning.lock().await;
@@ -1229,7 +1286,8 @@ async fn openapi() -> Json<Value> {
             "/v1/sites/{id}/heartbeat": { "post": op("agent heartbeat with inventory (the site's agent)") },
             "/v1/sites/{id}/directives": { "get": op("what the site's agent must run, from the current plan; query from, to") },
             "/v1/sites/{id}/events": { "post": op("agent events: job_started, progress, checkpoint_written, paused, migration_sent, migration_received, job_finished, job_failed") },
-            "/v1/forecasts": { "post": op("upload canonical forecast CSV (admin); header X-Windfall-Source labels it") },
+            "/v1/forecasts": { "post": op("upload canonical forecast CSV (admin); header X-Windfall-Source labels it"),
+                               "get": op("forecast values for a site: query site, from, to, as_of (what was known then)") },
             "/v1/plans": { "post": op("run one planning cycle now (admin)") },
             "/v1/plans/latest": { "get": op("the current plan") },
             "/v1/plans/{id}": { "get": op("a plan by id") },

@@ -449,6 +449,31 @@ async fn jobs_plans_and_directives_end_to_end_with_authorization() {
         let cancelled: Value = serde_json::from_str(&cancelled).unwrap();
         assert_eq!(cancelled["state"], "cancelled");
 
+        // Forecasts as known now, with their source.
+        let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
+        let (status, forecasts) = api
+            .get(
+                &format!(
+                    "/v1/forecasts?site=clean&from={}&to={}",
+                    hour.to_rfc3339().replace('+', "%2B"),
+                    (hour + Duration::hours(3)).to_rfc3339().replace('+', "%2B")
+                ),
+                Some(&viewer),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{forecasts}");
+        let values = forecasts["values"].as_array().unwrap();
+        assert_eq!(values.len(), 3, "{forecasts}");
+        assert_eq!(values[0]["source"], "test");
+        assert_eq!(values[0]["carbon_g_per_kwh"], 40.0);
+        let (status, _) = api
+            .get(
+                "/v1/forecasts?site=mars&from=2026-01-01T00:00:00Z&to=2026-01-02T00:00:00Z",
+                Some(&viewer),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+
         let (status, health) = api.get("/healthz", None).await;
         assert_eq!(
             (status, health["status"].as_str()),
