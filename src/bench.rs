@@ -230,3 +230,69 @@ pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
         max_ms: latencies.last().map_or(0.0, |&v| f64::from(v) / 1000.0),
     })
 }
+
+/// Generates `rows` canonical forecast rows (one site, hourly), parses and stores them in one
+/// call, and reports rows/s for each step. Needs an empty database.
+pub async fn ingest(db_url: &str, rows: usize) -> Result<String> {
+    let store = Store::connect(db_url)
+        .await
+        .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
+    if !store.sites().await?.is_empty() {
+        bail!("the benchmark needs an empty database: it creates its own site and forecasts");
+    }
+    store
+        .upsert_gpu_model(
+            "H100",
+            &windfall_solver::GpuModel {
+                power_levels_w: vec![700.0],
+                throughput: vec![1.0],
+                speed: 1.0,
+                idle_w: 0.0,
+            },
+        )
+        .await?;
+    store
+        .upsert_site(
+            &SiteConfig {
+                id: "bench".into(),
+                zone: None,
+                gpus: [("H100".to_string(), 8)].into_iter().collect(),
+                pue: 1.2,
+                grid_limit_kw: None,
+                wan_gbps: 10.0,
+            },
+            Utc::now(),
+        )
+        .await?;
+    let start = chrono::DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")?.with_timezone(&Utc);
+    let mut text = String::with_capacity(rows * 96);
+    text.push_str(
+        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
+    );
+    for i in 0..rows {
+        let t = start + chrono::Duration::hours(i as i64);
+        let issued = (t - chrono::Duration::hours(24)).format("%Y-%m-%dT%H:%M:%SZ");
+        text.push_str(&format!(
+            "{issued},{},bench,{:.1},{:.1},average,{:.2}\n",
+            t.format("%Y-%m-%dT%H:%M:%SZ"),
+            (i % 7) as f64,
+            200.0 + (i % 300) as f64,
+            40.0 + (i % 50) as f64
+        ));
+    }
+    let parse_started = Instant::now();
+    let points = windfall_forecasts::parse_canonical_csv(&text, "generated")?;
+    let parse_s = parse_started.elapsed().as_secs_f64();
+    let store_started = Instant::now();
+    let stored = store.insert_forecasts("bench", &points).await?;
+    let store_s = store_started.elapsed().as_secs_f64();
+    store.close().await;
+    Ok(format!(
+        "{}: {stored} canonical rows; parse {parse_s:.2} s ({:.0} rows/s), store {store_s:.2} s \
+         ({:.0} rows/s), both {:.0} rows/s",
+        crate::db::redact(db_url),
+        stored as f64 / parse_s,
+        stored as f64 / store_s,
+        stored as f64 / (parse_s + store_s)
+    ))
+}

@@ -123,9 +123,29 @@ pub enum JobsCommand {
     },
 }
 
+/// Layouts `windfall ingest` reads.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum IngestFormat {
+    /// windfall's canonical forecast CSV (sites named per row).
+    Canonical,
+    /// Electricity Maps hourly export (carbon intensity, average signal).
+    EmExport,
+    /// GB balancing-mechanism wind curtailment (surplus, GWh per hour).
+    GbCurtailment,
+}
+
 /// `windfall bench` targets.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Ingest generated canonical forecast rows into an empty database and print rows/s.
+    Ingest {
+        /// Database URL (an empty one).
+        #[arg(long)]
+        db: String,
+        /// Rows to generate.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: usize,
+    },
     /// Load the API on loopback: half job submissions, half directive polls, over real HTTP
     /// against an in-process server; prints requests/s and latency percentiles. Needs an empty
     /// database (it creates a site, 100 jobs, a plan and tokens).
@@ -170,6 +190,28 @@ pub enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Store forecast values from a file (`.gz` is read transparently) with its source and issue
+    /// times. The whole file is checked before anything is written, and written in one
+    /// transaction.
+    Ingest {
+        #[command(flatten)]
+        db: DbArgs,
+        /// File to read.
+        #[arg(long)]
+        file: PathBuf,
+        /// The file's layout.
+        #[arg(long, value_enum, default_value_t = IngestFormat::Canonical)]
+        format: IngestFormat,
+        /// Site the values belong to (em-export and gb-curtailment; canonical rows name theirs).
+        #[arg(long)]
+        site: Option<String>,
+        /// The site's share of GB curtailed power (gb-curtailment), in (0, 1].
+        #[arg(long)]
+        share: Option<f64>,
+        /// Source label stored with every value [default: the file name].
+        #[arg(long)]
+        source: Option<String>,
+    },
     /// Submit a job to the planner API.
     Submit {
         #[command(flatten)]
@@ -533,6 +575,67 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ingest {
+            db,
+            file,
+            format,
+            site,
+            share,
+            source,
+        } => {
+            let started = Instant::now();
+            let text = read_maybe_gz(&file)?;
+            let name = file.display().to_string();
+            let need_site = || {
+                site.clone().with_context(|| {
+                    format!("--site is required for --format {format:?}: the file holds one zone")
+                })
+            };
+            let points = match format {
+                IngestFormat::Canonical => windfall_forecasts::parse_canonical_csv(&text, &name)?,
+                IngestFormat::EmExport => {
+                    windfall_forecasts::parse_em_export_csv(&text, &name, &need_site()?)?
+                }
+                IngestFormat::GbCurtailment => {
+                    let share = share.context(
+                        "--share is required for gb-curtailment: the site's share of GB curtailed power",
+                    )?;
+                    windfall_forecasts::parse_gb_curtailment_csv(
+                        &text,
+                        &name,
+                        &need_site()?,
+                        share,
+                    )?
+                }
+            };
+            eprintln!(
+                "read {} rows from {name} in {:.1} s; storing",
+                points.len(),
+                started.elapsed().as_secs_f64()
+            );
+            let label = source.unwrap_or_else(|| {
+                file.file_name()
+                    .map_or(name.clone(), |n| n.to_string_lossy().into_owned())
+            });
+            let stored = runtime()?.block_on(async {
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                let stored = store.insert_forecasts(&label, &points).await?;
+                store.close().await;
+                anyhow::Ok(stored)
+            })?;
+            println!(
+                "stored {stored} rows from {name} as source `{label}` in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Ingest { db, rows }) => {
+            let report = runtime()?.block_on(crate::bench::ingest(&db, rows))?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Api {
             db,
             duration,
@@ -653,6 +756,22 @@ fn cycle_config(db_url: &str, cycle: &CycleArgs) -> crate::planning::CycleConfig
         time_limit_s: cycle.time_limit,
         lock_path: crate::planning::sqlite_lock_path(db_url),
         change_penalty_g: cycle.change_penalty_g,
+    }
+}
+
+/// Reads a text file, decompressing it when its name ends in `.gz`.
+fn read_maybe_gz(path: &Path) -> Result<String> {
+    if path.extension().is_some_and(|e| e == "gz") {
+        use std::io::Read;
+        let file =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .with_context(|| format!("decompressing {} (gzip, UTF-8 text)", path.display()))?;
+        Ok(text)
+    } else {
+        read(path)
     }
 }
 

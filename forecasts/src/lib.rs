@@ -1,15 +1,18 @@
 //! windfall-forecasts: forecast series in windfall's canonical CSV and the bundled sample data.
 //!
-//! Owns parsing of the canonical forecast CSV (formats.md section 3) and of the scenario
+//! Owns parsing of the canonical forecast CSV (formats.md section 3), of published files in their
+//! own layouts (Electricity Maps export, GB curtailment; `files`), and of the scenario
 //! `jobs.csv` (formats.md section 2), with errors that name the line and column, and the sample
 //! fleet, signals and jobs compiled into the binary (see `forecasts/README.md` for sources,
 //! licences and the surplus rule). It must not touch a database or the network.
 
 pub mod canonical;
+pub mod files;
 pub mod jobs;
 pub mod samples;
 
 pub use canonical::{CarbonSignal, ForecastPoint, parse_canonical_csv};
+pub use files::{parse_em_export_csv, parse_gb_curtailment_csv};
 pub use jobs::{JobRow, parse_jobs_csv};
 
 /// Why a forecast or job file was refused.

@@ -333,6 +333,7 @@ impl Store {
     /// Stores forecast points from one source in one transaction; returns how many were written.
     /// A point for an unknown site fails the whole batch, naming the site.
     pub async fn insert_forecasts(&self, source: &str, points: &[ForecastPoint]) -> Result<usize> {
+        let _turn = self.write_turn().await;
         let known: Vec<String> = self.sites().await?.into_iter().map(|s| s.id).collect();
         if let Some(p) = points.iter().find(|p| !known.contains(&p.site)) {
             return Err(StoreError::UnknownSite {
@@ -345,27 +346,51 @@ impl Store {
             .begin()
             .await
             .map_err(db("starting a transaction"))?;
-        for p in points {
-            sqlx::query(
+        // A key given twice keeps its last value (one statement may not update a row twice).
+        let mut last: std::collections::HashMap<(&str, DateTime<Utc>, DateTime<Utc>), usize> =
+            std::collections::HashMap::with_capacity(points.len());
+        for (i, p) in points.iter().enumerate() {
+            last.insert((p.site.as_str(), p.time_utc, p.issued_utc), i);
+        }
+        let unique: Vec<&ForecastPoint> = points
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| last[&(p.site.as_str(), p.time_utc, p.issued_utc)] == *i)
+            .map(|(_, p)| p)
+            .collect();
+        // Multi-row statements: one round trip per chunk instead of per row.
+        for chunk in unique.chunks(FORECAST_ROWS_PER_STATEMENT) {
+            // `$n` placeholders, which both backends accept through the Any driver.
+            let values: Vec<String> = (0..chunk.len())
+                .map(|r| {
+                    let cols: Vec<String> = (1..=8).map(|c| format!("${}", r * 8 + c)).collect();
+                    format!("({})", cols.join(", "))
+                })
+                .collect();
+            let sql = format!(
                 "INSERT INTO forecasts (site_id, time_utc, issued_utc, source, surplus_kw,
-                   carbon_g_per_kwh, carbon_signal, price_usd_per_mwh)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                   carbon_g_per_kwh, carbon_signal, price_usd_per_mwh) VALUES {}
                  ON CONFLICT (site_id, time_utc, issued_utc, source) DO UPDATE SET
                    surplus_kw = excluded.surplus_kw, carbon_g_per_kwh = excluded.carbon_g_per_kwh,
                    carbon_signal = excluded.carbon_signal,
                    price_usd_per_mwh = excluded.price_usd_per_mwh",
-            )
-            .bind(&p.site)
-            .bind(time_text(p.time_utc))
-            .bind(time_text(p.issued_utc))
-            .bind(source)
-            .bind(p.surplus_kw)
-            .bind(p.carbon_g_per_kwh)
-            .bind(p.carbon_signal.as_str())
-            .bind(p.price_usd_per_mwh)
-            .execute(&mut *tx)
-            .await
-            .map_err(db(format!("saving forecasts from {source}")))?;
+                values.join(", ")
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for p in chunk {
+                q = q
+                    .bind(p.site.clone())
+                    .bind(time_text(p.time_utc))
+                    .bind(time_text(p.issued_utc))
+                    .bind(source.to_string())
+                    .bind(p.surplus_kw)
+                    .bind(p.carbon_g_per_kwh)
+                    .bind(p.carbon_signal.as_str())
+                    .bind(p.price_usd_per_mwh);
+            }
+            q.execute(&mut *tx)
+                .await
+                .map_err(db(format!("saving forecasts from {source}")))?;
         }
         tx.commit().await.map_err(db("committing forecasts"))?;
         Ok(points.len())
@@ -927,6 +952,9 @@ impl Store {
         }
     }
 }
+
+/// Forecast rows per INSERT statement (8 parameters each, well under both backends' limits).
+const FORECAST_ROWS_PER_STATEMENT: usize = 10;
 
 /// Environment variable that makes `save_plan` pause before its commit (crash tests only).
 pub const PAUSE_BEFORE_PLAN_COMMIT_ENV: &str = "WINDFALL_TEST_PAUSE_BEFORE_PLAN_COMMIT_MS";

@@ -4,6 +4,7 @@
 
 mod cli;
 mod fixtures;
+mod ingest;
 mod instance_errors;
 mod service;
 mod solver;
