@@ -514,6 +514,8 @@ async fn two_plan_runs_started_together_write_one_plan() {
         let spawn = || {
             Command::new(env!("CARGO_BIN_EXE_windfall"))
                 .args(["plan", "--db", db, "--slots", "24", "--time-limit", "4"])
+                // The winner holds its lock at least this long, so the two runs overlap.
+                .env(windfall::db::PAUSE_BEFORE_PLAN_COMMIT_ENV, "1500")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
