@@ -66,14 +66,14 @@ async fn token(store: &Store, role: Role, name: &str, site: Option<&str>) -> Res
     Ok(t.token)
 }
 
-/// Sets up a fleet in `db_url`, serves it on a free loopback port and runs the load.
-pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// Opens `db_url`, which must hold no sites, and creates the benchmarks' GPU model and their one
+/// site, `bench`, with `gpus` GPUs.
+async fn bench_store(db_url: &str, gpus: u32) -> Result<Store> {
     let store = Store::connect(db_url)
         .await
         .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
     if !store.sites().await?.is_empty() {
-        bail!("the benchmark needs an empty database: it creates its own sites, jobs and tokens");
+        bail!("the benchmark needs an empty database: it creates its own site, data and tokens");
     }
     let model = windfall_solver::GpuModel {
         power_levels_w: vec![700.0, 400.0],
@@ -82,19 +82,22 @@ pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
         idle_w: 50.0,
     };
     store.upsert_gpu_model("H100", &model).await?;
-    store
-        .upsert_site(
-            &SiteConfig {
-                id: "bench".into(),
-                zone: None,
-                gpus: [("H100".to_string(), 400)].into_iter().collect(),
-                pue: 1.2,
-                grid_limit_kw: None,
-                wan_gbps: 10.0,
-            },
-            Utc::now(),
-        )
-        .await?;
+    let site = SiteConfig {
+        id: "bench".into(),
+        zone: None,
+        gpus: [("H100".to_string(), gpus)].into_iter().collect(),
+        pue: 1.2,
+        grid_limit_kw: None,
+        wan_gbps: 10.0,
+    };
+    store.upsert_site(&site, Utc::now()).await?;
+    Ok(store)
+}
+
+/// Sets up a fleet in `db_url`, serves it on a free loopback port and runs the load.
+pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = bench_store(db_url, 400).await?;
     // A day of forecasts and a plan over 100 jobs, so directive polls return real runs.
     let hour = chrono::DurationRound::duration_trunc(Utc::now(), chrono::Duration::hours(1))?;
     let points: Vec<windfall_forecasts::ForecastPoint> = (-1..26)
@@ -234,36 +237,7 @@ pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
 /// Generates `rows` canonical forecast rows (one site, hourly), parses and stores them in one
 /// call, and reports rows/s for each step. Needs an empty database.
 pub async fn ingest(db_url: &str, rows: usize) -> Result<String> {
-    let store = Store::connect(db_url)
-        .await
-        .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
-    if !store.sites().await?.is_empty() {
-        bail!("the benchmark needs an empty database: it creates its own site and forecasts");
-    }
-    store
-        .upsert_gpu_model(
-            "H100",
-            &windfall_solver::GpuModel {
-                power_levels_w: vec![700.0],
-                throughput: vec![1.0],
-                speed: 1.0,
-                idle_w: 0.0,
-            },
-        )
-        .await?;
-    store
-        .upsert_site(
-            &SiteConfig {
-                id: "bench".into(),
-                zone: None,
-                gpus: [("H100".to_string(), 8)].into_iter().collect(),
-                pue: 1.2,
-                grid_limit_kw: None,
-                wan_gbps: 10.0,
-            },
-            Utc::now(),
-        )
-        .await?;
+    let store = bench_store(db_url, 8).await?;
     let start = chrono::DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")?.with_timezone(&Utc);
     let mut text = String::with_capacity(rows * 96);
     text.push_str(

@@ -261,6 +261,9 @@ impl FromRequestParts<Shared> for Principal {
     }
 }
 
+/// Roles that may read plans, jobs lists, sites and forecasts.
+const READERS: &[Role] = &[Role::Admin, Role::Viewer, Role::User];
+
 fn require(principal: &Principal, roles: &[Role], what: &str) -> ApiResult<()> {
     if roles.contains(&principal.role) {
         Ok(())
@@ -356,21 +359,31 @@ async fn healthz(State(state): State<Shared>) -> ApiResult<Json<Value>> {
     Ok(Json(json!({ "status": "ok" })))
 }
 
+/// Appends one Prometheus metric family with a single unlabelled sample.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    out.push_str(&format!(
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+    ));
+}
+
 async fn metrics(State(state): State<Shared>) -> ApiResult<Response> {
     let m = &state.metrics;
     let mut out = String::new();
-    out.push_str("# HELP windfall_http_requests_total API requests served.\n");
-    out.push_str("# TYPE windfall_http_requests_total counter\n");
-    out.push_str(&format!(
-        "windfall_http_requests_total {}\n",
-        m.requests.load(Ordering::Relaxed)
-    ));
-    out.push_str("# HELP windfall_http_server_errors_total API requests answered with 5xx.\n");
-    out.push_str("# TYPE windfall_http_server_errors_total counter\n");
-    out.push_str(&format!(
-        "windfall_http_server_errors_total {}\n",
-        m.errors.load(Ordering::Relaxed)
-    ));
+    let total = m.requests.load(Ordering::Relaxed);
+    metric(
+        &mut out,
+        "windfall_http_requests_total",
+        "counter",
+        "API requests served.",
+        total,
+    );
+    metric(
+        &mut out,
+        "windfall_http_server_errors_total",
+        "counter",
+        "API requests answered with 5xx.",
+        m.errors.load(Ordering::Relaxed),
+    );
     out.push_str("# HELP windfall_http_request_duration_seconds API request latency.\n");
     out.push_str("# TYPE windfall_http_request_duration_seconds histogram\n");
     for (i, bound) in LATENCY_BUCKETS_MS.iter().enumerate() {
@@ -380,43 +393,50 @@ async fn metrics(State(state): State<Shared>) -> ApiResult<Response> {
             m.latency_buckets[i].load(Ordering::Relaxed)
         ));
     }
-    let total = m.requests.load(Ordering::Relaxed);
     out.push_str(&format!(
-        "windfall_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {total}\n"
-    ));
-    out.push_str(&format!(
-        "windfall_http_request_duration_seconds_sum {}\n",
+        "windfall_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {total}\n\
+         windfall_http_request_duration_seconds_sum {}\n\
+         windfall_http_request_duration_seconds_count {total}\n",
         m.latency_us_sum.load(Ordering::Relaxed) as f64 / 1e6
     ));
-    out.push_str(&format!(
-        "windfall_http_request_duration_seconds_count {total}\n"
-    ));
-    if let Some(plan) = state.store.latest_plan().await? {
+    if let Some(cached) = state.latest_plan_cached().await? {
+        let plan = &cached.plan;
         let pm = &plan.metrics;
-        out.push_str(
-            "# HELP windfall_plan_id Id of the current plan.\n# TYPE windfall_plan_id gauge\n",
-        );
-        out.push_str(&format!("windfall_plan_id {}\n", plan.id));
-        out.push_str("# HELP windfall_plan_solve_seconds Solve time of the current plan.\n# TYPE windfall_plan_solve_seconds gauge\n");
-        out.push_str(&format!(
-            "windfall_plan_solve_seconds {}\n",
-            pm.solve_seconds
-        ));
-        out.push_str("# HELP windfall_plan_gap Relative gap of the current plan to its lower bound.\n# TYPE windfall_plan_gap gauge\n");
-        out.push_str(&format!("windfall_plan_gap {}\n", pm.gap));
-        out.push_str("# HELP windfall_plan_emissions_grams Planned grid emissions, g CO2e.\n# TYPE windfall_plan_emissions_grams gauge\n");
-        out.push_str(&format!(
-            "windfall_plan_emissions_grams {}\n",
-            pm.emissions_g
-        ));
-        out.push_str("# HELP windfall_plan_baseline_emissions_grams Run-now baseline emissions, g CO2e.\n# TYPE windfall_plan_baseline_emissions_grams gauge\n");
-        out.push_str(&format!(
-            "windfall_plan_baseline_emissions_grams {}\n",
-            pm.baseline_emissions_g
-        ));
         let filled: usize = plan.provenance.iter().map(|p| p.filled_slots).sum();
-        out.push_str("# HELP windfall_plan_filled_forecast_slots Site-slots the current plan filled from older data.\n# TYPE windfall_plan_filled_forecast_slots gauge\n");
-        out.push_str(&format!("windfall_plan_filled_forecast_slots {filled}\n"));
+        for (name, help, value) in [
+            (
+                "windfall_plan_id",
+                "Id of the current plan.",
+                plan.id as f64,
+            ),
+            (
+                "windfall_plan_solve_seconds",
+                "Solve time of the current plan.",
+                pm.solve_seconds,
+            ),
+            (
+                "windfall_plan_gap",
+                "Relative gap of the current plan to its lower bound.",
+                pm.gap,
+            ),
+            (
+                "windfall_plan_emissions_grams",
+                "Planned grid emissions, g CO2e.",
+                pm.emissions_g,
+            ),
+            (
+                "windfall_plan_baseline_emissions_grams",
+                "Run-now baseline emissions, g CO2e.",
+                pm.baseline_emissions_g,
+            ),
+            (
+                "windfall_plan_filled_forecast_slots",
+                "Site-slots the current plan filled from older data.",
+                filled as f64,
+            ),
+        ] {
+            metric(&mut out, name, "gauge", help, value);
+        }
     }
     let now = Utc::now();
     out.push_str("# HELP windfall_agent_heartbeat_age_seconds Age of each site agent's newest heartbeat.\n# TYPE windfall_agent_heartbeat_age_seconds gauge\n");
@@ -640,11 +660,7 @@ async fn list_jobs(
     principal: Principal,
     Query(filter): Query<JobFilter>,
 ) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::User, Role::Admin, Role::Viewer],
-        "list jobs",
-    )?;
+    require(&principal, READERS, "list jobs")?;
     let wanted_state = match &filter.state {
         Some(s) => Some(
             s.parse::<JobState>()
@@ -728,7 +744,7 @@ async fn cancel_job(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     require(&principal, &[Role::User, Role::Admin], "cancel jobs")?;
-    let job = load_job(&state, &principal, &id).await?;
+    let mut job = load_job(&state, &principal, &id).await?;
     if matches!(
         job.state,
         JobState::Done | JobState::Failed | JobState::Cancelled
@@ -738,11 +754,13 @@ async fn cancel_job(
             format!("job `{id}` is already {}", job.state),
         ));
     }
+    const REASON: &str = "cancelled by its owner";
     state
         .store
-        .set_job_state(&id, JobState::Cancelled, Some("cancelled by its owner"))
+        .set_job_state(&id, JobState::Cancelled, Some(REASON))
         .await?;
-    let job = load_job(&state, &principal, &id).await?;
+    job.state = JobState::Cancelled;
+    job.state_reason = Some(REASON.to_string());
     Ok(Json(job_json(&job, None)))
 }
 
@@ -774,11 +792,7 @@ async fn put_gpu_model(
 }
 
 async fn list_sites(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::Admin, Role::Viewer, Role::User],
-        "list sites",
-    )?;
+    require(&principal, READERS, "list sites")?;
     let sites = state.store.sites().await?;
     Ok(Json(json!({ "sites": sites })))
 }
@@ -1074,11 +1088,7 @@ async fn query_forecasts(
     principal: Principal,
     Query(q): Query<ForecastQuery>,
 ) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::Admin, Role::Viewer, Role::User],
-        "read forecasts",
-    )?;
+    require(&principal, READERS, "read forecasts")?;
     if q.to <= q.from {
         return Err(ApiError::field("to", "must be after `from`"));
     }
@@ -1133,17 +1143,12 @@ fn plan_json(plan: &crate::model::PlanRecord) -> Value {
 }
 
 async fn latest_plan(State(state): State<Shared>, principal: Principal) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::Admin, Role::Viewer, Role::User],
-        "read plans",
-    )?;
-    let plan = state
-        .store
-        .latest_plan()
+    require(&principal, READERS, "read plans")?;
+    let cached = state
+        .latest_plan_cached()
         .await?
         .ok_or_else(|| ApiError::not_found("no plan yet"))?;
-    Ok(Json(plan_json(&plan)))
+    Ok(Json(plan_json(&cached.plan)))
 }
 
 async fn plan_by_id(
@@ -1151,11 +1156,7 @@ async fn plan_by_id(
     principal: Principal,
     Path(id): Path<i64>,
 ) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::Admin, Role::Viewer, Role::User],
-        "read plans",
-    )?;
+    require(&principal, READERS, "read plans")?;
     let plan = state
         .store
         .plan(id)
@@ -1171,11 +1172,7 @@ async fn plan_diff(
     principal: Principal,
     Path(id): Path<i64>,
 ) -> ApiResult<Json<Value>> {
-    require(
-        &principal,
-        &[Role::Admin, Role::Viewer, Role::User],
-        "read plans",
-    )?;
+    require(&principal, READERS, "read plans")?;
     let plan = state
         .store
         .plan(id)

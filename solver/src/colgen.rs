@@ -363,25 +363,7 @@ pub(crate) fn solve(
     }
 
     // The master LP, grown column by column.
-    let mut pb = ColProblem::default();
-    let row_handles: Vec<Row> = upper
-        .iter()
-        .enumerate()
-        .map(|(i, &u)| {
-            if i < jobs.len() {
-                pb.add_row(1.0..=1.0)
-            } else {
-                pb.add_row(..=u)
-            }
-        })
-        .collect();
-    for &(cost, limit, row) in &grid_cols {
-        if limit.is_finite() {
-            pb.add_column(cost, 0.0..=limit, [(row_handles[row], -1.0)]);
-        } else {
-            pb.add_column(cost, 0.0.., [(row_handles[row], -1.0)]);
-        }
-    }
+    let (mut pb, row_handles) = master_problem(jobs.len(), &upper, &grid_cols);
     for c in &columns {
         pb.add_column(
             c.cost_g,
@@ -445,14 +427,7 @@ pub(crate) fn solve(
         for &j in &jobs {
             let view = &problem.jobs[j];
             let pi = duals[rows.conv[j].expect("included job")];
-            let mut sites: Vec<usize> = view.pools.iter().map(|&p| problem.pools[p].site).collect();
-            sites.sort_unstable();
-            sites.dedup();
-            if let Some(current) = view.current_site
-                && !view.migratable
-            {
-                sites.retain(|&s| s == current);
-            }
+            let sites = problem.run_sites(j);
             // Relaxed pricing: the bound, and a column.
             let relaxed = if view.migratable {
                 cheapest_schedule(problem, j, &prices, &sites, true)
@@ -536,6 +511,35 @@ pub(crate) fn solve(
     })
 }
 
+/// The master's rows (convexity per included job, then GPU and power rows with their upper
+/// bounds) and its grid draw columns, without job columns.
+fn master_problem(
+    n_jobs_in: usize,
+    upper: &[f64],
+    grid_cols: &[(f64, f64, usize)],
+) -> (ColProblem, Vec<Row>) {
+    let mut pb = ColProblem::default();
+    let rows: Vec<Row> = upper
+        .iter()
+        .enumerate()
+        .map(|(i, &u)| {
+            if i < n_jobs_in {
+                pb.add_row(1.0..=1.0)
+            } else {
+                pb.add_row(..=u)
+            }
+        })
+        .collect();
+    for &(cost, limit, row) in grid_cols {
+        if limit.is_finite() {
+            pb.add_column(cost, 0.0..=limit, [(rows[row], -1.0)]);
+        } else {
+            pb.add_column(cost, 0.0.., [(rows[row], -1.0)]);
+        }
+    }
+    (pb, rows)
+}
+
 /// Solves the master problem with integer columns over the real ones, warm-started from the seed
 /// columns (the first one per job).
 fn solve_master_mip(
@@ -546,18 +550,7 @@ fn solve_master_mip(
     columns: &[Column],
     config: &ColgenConfig,
 ) -> Result<Option<Schedule>, String> {
-    let mut pb = ColProblem::default();
-    let row_handles: Vec<Row> = upper
-        .iter()
-        .enumerate()
-        .map(|(i, &u)| {
-            if i < jobs.len() {
-                pb.add_row(1.0..=1.0)
-            } else {
-                pb.add_row(..=u)
-            }
-        })
-        .collect();
+    let (mut pb, row_handles) = master_problem(jobs.len(), upper, grid_cols);
     let mut load = vec![0.0; upper.len()];
     let mut start: Vec<f64> = Vec::new();
     let mut seeded = vec![false; problem.jobs.len()];
@@ -573,14 +566,8 @@ fn solve_master_mip(
         }
         seed_values.push(if on { 1.0 } else { 0.0 });
     }
-    for &(cost, limit, row) in grid_cols {
-        let warm = (load[row] - upper[row]).max(0.0);
-        start.push(warm);
-        if limit.is_finite() {
-            pb.add_column(cost, 0.0..=limit, [(row_handles[row], -1.0)]);
-        } else {
-            pb.add_column(cost, 0.0.., [(row_handles[row], -1.0)]);
-        }
+    for &(_, _, row) in grid_cols {
+        start.push((load[row] - upper[row]).max(0.0));
     }
     for c in &real {
         pb.add_integer_column(

@@ -284,14 +284,7 @@ fn best_placement(
     spread: bool,
 ) -> Option<(f64, Vec<Slot>)> {
     let view = &problem.jobs[job];
-    let mut sites: Vec<usize> = view.pools.iter().map(|&p| problem.pools[p].site).collect();
-    sites.sort_unstable();
-    sites.dedup();
-    if let Some(current) = view.current_site
-        && !view.migratable
-    {
-        sites.retain(|&s| s == current);
-    }
+    let sites = problem.run_sites(job);
     let mut candidates: Vec<Vec<usize>> = sites.iter().map(|&s| vec![s]).collect();
     if spread && view.migratable && sites.len() > 1 {
         candidates.push(sites.clone());

@@ -204,6 +204,21 @@ impl<'a> Problem<'a> {
         spec.save_s + 8.0 * spec.checkpoint_gb / self.link_gbps[from][to] + spec.restore_s
     }
 
+    /// Sites where a job may run, ascending: those with an allowed pool, and only its current
+    /// site when it is there and may not move.
+    pub fn run_sites(&self, job: usize) -> Vec<usize> {
+        let view = &self.jobs[job];
+        let mut sites: Vec<usize> = view.pools.iter().map(|&p| self.pools[p].site).collect();
+        sites.sort_unstable();
+        sites.dedup();
+        if let Some(current) = view.current_site
+            && !view.migratable
+        {
+            sites.retain(|&s| s == current);
+        }
+        sites
+    }
+
     /// The fewest slots a job must stay after a migration (feasibility domain).
     pub fn min_window_slots(&self, job: usize, from: usize, to: usize) -> usize {
         let transfer_s = self.transfer_s(job, from, to);

@@ -657,12 +657,7 @@ impl Store {
 
     /// The newest plan, if any.
     pub async fn latest_plan(&self) -> Result<Option<PlanRecord>> {
-        let id: Option<i64> = sqlx::query("SELECT MAX(id) FROM plans")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db("finding the latest plan"))?
-            .get(0);
-        match id {
+        match self.latest_plan_id().await? {
             Some(id) => self.plan(id).await,
             None => Ok(None),
         }

@@ -243,6 +243,18 @@ async fn set_up_fleet(api: &Api, admin: &str) {
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// Submits `n` migratable jobs `j0..` of 1-2 GPUs and 2-4 work hours, homed at `dirty`, with
+/// deadlines `first_deadline_h` to `first_deadline_h + spread_h - 1` hours from now.
+async fn submit_jobs(api: &Api, admin: &str, n: i64, first_deadline_h: i64, spread_h: i64) {
+    for i in 0..n {
+        let deadline = Utc::now() + Duration::hours(first_deadline_h + i % spread_h);
+        let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
+            "migratable": true, "home_site": "dirty", "deadline_utc": deadline.to_rfc3339() });
+        let (status, job) = api.post("/v1/jobs", admin, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{job}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn jobs_plans_and_directives_end_to_end_with_authorization() {
     let dbs = Databases::new("e2e");
@@ -504,13 +516,7 @@ async fn two_plan_runs_started_together_write_one_plan() {
         let api = Api::new(&server.url);
         set_up_fleet(&api, &admin).await;
         // Enough jobs that a cycle runs for seconds, so the two overlap.
-        for i in 0..24 {
-            let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
-                "migratable": true, "home_site": "dirty",
-                "deadline_utc": (Utc::now() + Duration::hours(12 + i % 8)).to_rfc3339() });
-            let (status, job) = api.post("/v1/jobs", &admin, body).await;
-            assert_eq!(status, StatusCode::CREATED, "{job}");
-        }
+        submit_jobs(&api, &admin, 24, 12, 8).await;
         let spawn = || {
             Command::new(env!("CARGO_BIN_EXE_windfall"))
                 .args(["plan", "--db", db, "--slots", "24", "--time-limit", "4"])
@@ -589,15 +595,7 @@ async fn a_killed_plan_run_leaves_the_previous_plan_current() {
         let server = Server::start(db);
         let api = Api::new(&server.url);
         set_up_fleet(&api, &admin).await;
-        for i in 0..30 {
-            let body = json!({ "id": format!("j{i}"), "gpus": 1 + i % 2, "work_hours": 2 + i % 3,
-                "migratable": true, "home_site": "dirty",
-                "deadline_utc": (Utc::now() + Duration::hours(10 + i % 12)).to_rfc3339() });
-            assert_eq!(
-                api.post("/v1/jobs", &admin, body).await.0,
-                StatusCode::CREATED
-            );
-        }
+        submit_jobs(&api, &admin, 30, 10, 12).await;
         // A high change penalty: a rerun with unchanged inputs must keep its plan.
         let plan_args = [
             "plan",
