@@ -134,6 +134,84 @@ pub enum IngestFormat {
     GbCurtailment,
 }
 
+/// `windfall scenario` commands.
+#[derive(Debug, Subcommand)]
+pub enum ScenarioCommand {
+    /// Build a scenario folder from the public traces (carbon and prices per zone, a surplus
+    /// rule, jobs from the GAIA PAI trace with Alibaba GPU gang sizes). Seeded and reproducible;
+    /// docs/evaluation.md states every rule.
+    Build(BuildArgs),
+}
+
+/// Arguments of `windfall scenario build`.
+#[derive(Debug, clap::Args)]
+pub struct BuildArgs {
+    /// Output folder (created; its sites.toml, signals.csv and jobs.csv are replaced).
+    #[arg(long)]
+    out: PathBuf,
+    /// The public data folder.
+    #[arg(long, default_value = "../shared/data")]
+    data: PathBuf,
+    /// Comma-separated Electricity Maps zones, one site each (e.g. US-CAL-CISO,DE-LU,GB).
+    #[arg(long, value_delimiter = ',', required = true)]
+    zones: Vec<String>,
+    /// Scenario start, RFC 3339 UTC, a whole hour (the traces cover 2021-2023).
+    #[arg(long)]
+    start: String,
+    /// Length in days.
+    #[arg(long, default_value_t = 7)]
+    days: u32,
+    /// Surplus rule: auto (price rule, GB curtailment where a zone has no prices), price, pv,
+    /// gb-curtailment.
+    #[arg(long, value_enum, default_value_t = crate::sim::build::SurplusRule::Auto)]
+    surplus: crate::sim::build::SurplusRule,
+    /// Number of jobs.
+    #[arg(long, default_value_t = 200)]
+    jobs: usize,
+    /// GPUs per site.
+    #[arg(long, default_value_t = 16)]
+    gpus_per_site: u32,
+    /// Deadline slack range LO:HI: deadline = submit + work on the slowest GPU x (1 + U(LO, HI))
+    /// + 2 h.
+    #[arg(long, default_value = "0.5:3")]
+    slack: String,
+    /// Share of jobs that may migrate between sites.
+    #[arg(long, default_value_t = 0.8)]
+    migratable_share: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+impl BuildArgs {
+    fn to_config(&self) -> anyhow::Result<crate::sim::build::BuildConfig> {
+        let (lo, hi) = self
+            .slack
+            .split_once(':')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .with_context(|| format!("--slack `{}` is not LO:HI", self.slack))?;
+        let start = chrono::DateTime::parse_from_rfc3339(&self.start)
+            .with_context(|| format!("--start `{}` is not an RFC 3339 time", self.start))?
+            .with_timezone(&chrono::Utc);
+        if !(0.0..=1.0).contains(&self.migratable_share) {
+            anyhow::bail!("--migratable-share must be in [0, 1]");
+        }
+        Ok(crate::sim::build::BuildConfig {
+            out: self.out.clone(),
+            data: self.data.clone(),
+            zones: self.zones.clone(),
+            start_utc: start,
+            days: self.days,
+            surplus: self.surplus,
+            jobs: self.jobs,
+            gpus_per_site: self.gpus_per_site,
+            slack: (lo, hi),
+            migratable_share: self.migratable_share,
+            seed: self.seed,
+        })
+    }
+}
+
 /// `windfall bench` targets.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -301,6 +379,47 @@ pub enum Command {
         #[arg(long, conflicts_with = "json")]
         solver_log: bool,
     },
+    /// Replay a scenario folder (sites.toml, signals.csv, jobs.csv, optional forecasts.csv) slot
+    /// by slot against one or more placement policies and print their metrics.
+    ///
+    /// Policies see only jobs already submitted and forecasts issued so far (the scenario's
+    /// forecasts.csv, or the actuals with a seeded error that grows with lead time); energy and
+    /// emissions are accounted on the actuals. The oracle sees the actuals. Progress goes to
+    /// standard error.
+    Simulate {
+        /// Scenario folder.
+        #[arg(long)]
+        scenario: PathBuf,
+        /// Policy, a comma-separated list, or `all`: run-now, wait-awhile, lowest-carbon-site,
+        /// gaia-cst, surplus-chaser, windfall, oracle.
+        #[arg(long, default_value = "all")]
+        policy: String,
+        /// Print JSON: one object for one policy, an array for several.
+        #[arg(long)]
+        json: bool,
+        /// Write report.md with SVG charts into this folder.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Planning horizon of the windfall policy, slots (the oracle's rolling mode uses twice
+        /// this).
+        #[arg(long, default_value_t = 48)]
+        horizon: usize,
+        /// Solver time limit per planning tick, seconds.
+        #[arg(long, default_value_t = 2.0)]
+        solve_seconds: f64,
+        /// Re-plan at least every this many slots (the planner also re-plans when jobs arrive).
+        #[arg(long, default_value_t = 6)]
+        replan_every: usize,
+        /// Seed of the forecast error model (used when the scenario has no forecasts.csv).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Scale of the forecast error model: 0 = perfect forecasts, 1 = the documented default.
+        #[arg(long, default_value_t = 1.0)]
+        forecast_error: f64,
+    },
+    /// Build scenario folders for `windfall simulate` from public traces.
+    #[command(subcommand)]
+    Scenario(ScenarioCommand),
     /// Check a plan against every constraint of its instance, independently of the solver, and
     /// recompute its energy and emissions. Exits 1 when the plan is invalid.
     Validate {
@@ -394,6 +513,7 @@ fn run(command: Command) -> Result<ExitCode> {
                     }
                 },
                 log: solver_log,
+                bound: true,
             };
             let started = Instant::now();
             let mut solution = solve(&parsed, &options);
@@ -650,6 +770,104 @@ fn run(command: Command) -> Result<ExitCode> {
             };
             let report = runtime()?.block_on(crate::bench::run(&db, &load))?;
             println!("{}", report.text(&crate::db::redact(&db)));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate {
+            scenario,
+            policy,
+            json,
+            report,
+            horizon,
+            solve_seconds,
+            replan_every,
+            seed,
+            forecast_error,
+        } => {
+            if horizon == 0
+                || replan_every == 0
+                || !(solve_seconds.is_finite() && solve_seconds > 0.0)
+            {
+                anyhow::bail!(
+                    "--horizon and --replan-every must be at least 1 and --solve-seconds > 0"
+                );
+            }
+            if !(forecast_error.is_finite() && forecast_error >= 0.0) {
+                anyhow::bail!("--forecast-error must be >= 0");
+            }
+            let loaded = crate::sim::Scenario::load(&scenario)
+                .with_context(|| format!("loading scenario {}", scenario.display()))?;
+            let names: Vec<String> = if policy == "all" {
+                crate::sim::POLICIES.iter().map(|p| p.to_string()).collect()
+            } else {
+                policy.split(',').map(|p| p.trim().to_string()).collect()
+            };
+            for name in &names {
+                if !crate::sim::POLICIES.contains(&name.as_str()) {
+                    anyhow::bail!(
+                        "unknown policy `{name}`; choose from {} or `all`",
+                        crate::sim::POLICIES.join(", ")
+                    );
+                }
+            }
+            let error = crate::sim::ErrorModel {
+                seed,
+                ..crate::sim::ErrorModel::default()
+            }
+            .scaled(forecast_error);
+            let options = crate::sim::PlannerOptions {
+                horizon_slots: horizon,
+                solve_seconds,
+                replan_every,
+            };
+            eprintln!(
+                "scenario {}: {} sites, {} jobs, {} slots of {} min",
+                loaded.name,
+                loaded.fleet.sites.len(),
+                loaded.jobs.len(),
+                loaded.fleet.slots,
+                loaded.fleet.slot_minutes
+            );
+            let started = Instant::now();
+            let mut last_print = Instant::now();
+            let outcomes = crate::sim::simulate_all(
+                &loaded,
+                &names,
+                &error,
+                &options,
+                &mut |name, slot, slots| {
+                    if slot == slots || last_print.elapsed().as_secs_f64() >= 5.0 {
+                        last_print = Instant::now();
+                        eprintln!(
+                            "  {name}: slot {slot}/{slots} ({:.0} %), {:.0} s elapsed",
+                            100.0 * slot as f64 / slots as f64,
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                },
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+            if let Some(dir) = &report {
+                let described = crate::sim::Forecasts::new(&loaded, error.clone()).describe();
+                crate::sim::report::write_report(dir, &loaded, &described, &outcomes)
+                    .with_context(|| format!("writing the report into {}", dir.display()))?;
+                eprintln!("report written to {}", dir.join("report.md").display());
+            }
+            let metrics: Vec<&crate::sim::Metrics> = outcomes.iter().map(|o| &o.metrics).collect();
+            if json {
+                let text = if metrics.len() == 1 {
+                    serde_json::to_string_pretty(metrics[0])?
+                } else {
+                    serde_json::to_string_pretty(&metrics)?
+                };
+                println!("{text}");
+            } else {
+                print!("{}", crate::sim::report::table(&outcomes));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Scenario(ScenarioCommand::Build(args)) => {
+            let summary = crate::sim::build::build(&args.to_config()?)?;
+            println!("{summary}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate {

@@ -15,6 +15,7 @@
 //! - `server`: `windfall serve`, the HTTP API;
 //! - `client`: `windfall submit` and `windfall jobs` over the API;
 //! - `bench`: `windfall bench api`, the API load benchmark;
+//! - `sim`: `windfall simulate` and `windfall scenario build`, the trace-replay simulator;
 //! - `cli`: argument parsing and the commands' glue.
 
 pub mod auth;
@@ -28,3 +29,4 @@ pub mod model;
 pub mod planning;
 pub mod report;
 pub mod server;
+pub mod sim;

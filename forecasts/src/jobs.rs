@@ -1,7 +1,8 @@
 //! The scenario `jobs.csv` of formats.md section 2:
 //! `id,submit_utc,gpus,gpu_models,work_hours,deadline_utc,checkpoint_gb,migratable,home_site`.
 //!
-//! Owns parsing and row-level checks; `gpu_models` is `|`-separated, empty = any.
+//! Owns parsing and row-level checks; `gpu_models` is `|`-separated, empty = any. Optional
+//! columns `save_s` and `restore_s` give checkpoint write and restore times.
 
 use chrono::{DateTime, Utc};
 
@@ -28,6 +29,10 @@ pub struct JobRow {
     pub migratable: bool,
     /// Site the job was submitted to.
     pub home_site: String,
+    /// Seconds to write a checkpoint (optional column `save_s`).
+    pub save_s: Option<f64>,
+    /// Seconds to restore from a checkpoint (optional column `restore_s`).
+    pub restore_s: Option<f64>,
 }
 
 const COLUMNS: [&str; 9] = [
@@ -80,6 +85,13 @@ pub fn parse_jobs_csv(text: &str, source_name: &str) -> Result<Vec<JobRow>, Pars
             }
             Ok(value)
         };
+        let optional = |column: &str| -> Result<Option<f64>, ParseError> {
+            if cell(column).is_empty() {
+                Ok(None)
+            } else {
+                positive(column, true).map(Some)
+            }
+        };
         let submit_utc = parse_utc(cell("submit_utc")).map_err(|m| err("submit_utc", m))?;
         let deadline_utc = parse_utc(cell("deadline_utc")).map_err(|m| err("deadline_utc", m))?;
         if deadline_utc <= submit_utc {
@@ -111,6 +123,8 @@ pub fn parse_jobs_csv(text: &str, source_name: &str) -> Result<Vec<JobRow>, Pars
             checkpoint_gb: positive("checkpoint_gb", true)?,
             migratable,
             home_site: home_site.to_string(),
+            save_s: optional("save_s")?,
+            restore_s: optional("restore_s")?,
         });
     }
     Ok(jobs)

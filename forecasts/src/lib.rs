@@ -2,7 +2,7 @@
 //!
 //! Owns parsing of the canonical forecast CSV (formats.md section 3), of published files in their
 //! own layouts (Electricity Maps export, GB curtailment; `files`), and of the scenario
-//! `jobs.csv` (formats.md section 2), with errors that name the line and column, and the sample
+//! `jobs.csv`, `signals.csv` and `forecasts.csv` (formats.md section 2), with errors that name the line and column, and the sample
 //! fleet, signals and jobs compiled into the binary (see `forecasts/README.md` for sources,
 //! licences and the surplus rule). It must not touch a database or the network.
 
@@ -10,10 +10,12 @@ pub mod canonical;
 pub mod files;
 pub mod jobs;
 pub mod samples;
+pub mod scenario;
 
 pub use canonical::{CarbonSignal, ForecastPoint, parse_canonical_csv};
 pub use files::{parse_em_export_csv, parse_gb_curtailment_csv};
 pub use jobs::{JobRow, parse_jobs_csv};
+pub use scenario::{SignalRow, parse_scenario_forecasts_csv, parse_signals_csv};
 
 /// Why a forecast or job file was refused.
 #[derive(Debug, thiserror::Error)]

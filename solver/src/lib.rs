@@ -70,6 +70,9 @@ pub struct SolveOptions {
     pub method: Method,
     /// Print the MILP solver's log to standard output.
     pub log: bool,
+    /// Compute a lower bound (an LP relaxation) when the plan is not proven optimal. Rolling
+    /// re-planning that only needs the plan turns it off.
+    pub bound: bool,
 }
 
 impl Default for SolveOptions {
@@ -79,6 +82,7 @@ impl Default for SolveOptions {
             mip_rel_gap: 1e-4,
             method: Method::Auto,
             log: false,
+            bound: true,
         }
     }
 }
@@ -298,7 +302,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     }
     // Unless the MILP proved its plan optimal, the LP relaxation over the served jobs is solved
     // too: a MILP stopped early may not have finished its root, and the better bound is kept.
-    if !proven_optimal {
+    if !proven_optimal && options.bound {
         let config = milp::MilpConfig {
             // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a
             // plan without a bound cannot say how good it is.

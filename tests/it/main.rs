@@ -7,6 +7,7 @@ mod fixtures;
 mod ingest;
 mod instance_errors;
 mod service;
+mod sim;
 mod solver;
 mod store;
 mod validator;

@@ -12,6 +12,7 @@ fn exact() -> SolveOptions {
         mip_rel_gap: 1e-9,
         method: Method::Auto,
         log: false,
+        bound: true,
     }
 }
 
@@ -455,6 +456,7 @@ fn column_generation_plans_validate_on_random_instances() {
                 mip_rel_gap: 1e-4,
                 method: Method::ColumnGeneration,
                 log: false,
+                bound: true,
             },
         );
         let m = &solution.metrics;
