@@ -169,7 +169,7 @@ pub struct BuildArgs {
     #[arg(long, default_value_t = 200)]
     jobs: usize,
     /// GPUs per site.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 8)]
     gpus_per_site: u32,
     /// Deadline slack range LO:HI: deadline = submit + work on the slowest GPU x (1 + U(LO, HI))
     /// + 2 h.
@@ -416,6 +416,13 @@ pub enum Command {
         /// Scale of the forecast error model: 0 = perfect forecasts, 1 = the documented default.
         #[arg(long, default_value_t = 1.0)]
         forecast_error: f64,
+        /// Objective penalty per migration for the windfall planner and the oracle, g CO2e (added
+        /// to the scenario's own): moves that forecast errors may undo must pay for themselves.
+        #[arg(long, default_value_t = 300.0)]
+        migration_penalty_g: f64,
+        /// Most column-generation rounds per full re-plan (each prices every job at every site).
+        #[arg(long, default_value_t = 10)]
+        colgen_rounds: usize,
     },
     /// Build scenario folders for `windfall simulate` from public traces.
     #[command(subcommand)]
@@ -514,6 +521,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 },
                 log: solver_log,
                 bound: true,
+                max_colgen_rounds: 400,
             };
             let started = Instant::now();
             let mut solution = solve(&parsed, &options);
@@ -782,6 +790,8 @@ fn run(command: Command) -> Result<ExitCode> {
             replan_every,
             seed,
             forecast_error,
+            migration_penalty_g,
+            colgen_rounds,
         } => {
             if horizon == 0
                 || replan_every == 0
@@ -793,6 +803,9 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             if !(forecast_error.is_finite() && forecast_error >= 0.0) {
                 anyhow::bail!("--forecast-error must be >= 0");
+            }
+            if !(migration_penalty_g.is_finite() && migration_penalty_g >= 0.0) {
+                anyhow::bail!("--migration-penalty-g must be >= 0");
             }
             let loaded = crate::sim::Scenario::load(&scenario)
                 .with_context(|| format!("loading scenario {}", scenario.display()))?;
@@ -818,6 +831,8 @@ fn run(command: Command) -> Result<ExitCode> {
                 horizon_slots: horizon,
                 solve_seconds,
                 replan_every,
+                migration_penalty_g,
+                colgen_rounds,
             };
             eprintln!(
                 "scenario {}: {} sites, {} jobs, {} slots of {} min",

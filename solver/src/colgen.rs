@@ -29,8 +29,6 @@ use crate::problem::{Problem, Schedule, Slot};
 
 /// Work grid per job: its required work in this many units.
 const WORK_UNITS: usize = 240;
-/// Most master LP rounds (each re-solves the LP and prices every job).
-const MAX_ROUNDS: usize = 400;
 /// A column enters when its reduced cost is below minus this, g.
 const REDUCED_COST_EPS_G: f64 = 1e-6;
 
@@ -39,6 +37,8 @@ pub(crate) struct ColgenConfig {
     pub mip_time_limit_s: f64,
     pub mip_rel_gap: f64,
     pub log: bool,
+    /// Most master LP rounds (each re-solves the LP and prices every job).
+    pub max_rounds: usize,
 }
 
 pub(crate) struct ColgenOutcome {
@@ -203,51 +203,58 @@ fn cheapest_schedule(
         let mut pick: Vec<(u16, u16, Option<Slot>)> = (0..n_states * (k + 1))
             .map(|i| ((i / (k + 1)) as u16, (i % (k + 1)) as u16, None))
             .collect();
+        // Loop order: the cost and work of a transition depend on (from, to, option) only, so
+        // they are computed once per slot and the inner loop over work units is adds and
+        // compares.
         for from in 0..n_states {
-            for u in 0..=k {
-                let base = dp[idx(from, u)];
-                if !base.is_finite() {
+            let row = &dp[idx(from, 0)..=idx(from, k)];
+            let Some(first_u) = row.iter().position(|v| v.is_finite()) else {
+                continue;
+            };
+            for (to, options) in site_options.iter().enumerate() {
+                let moving = from != to && from < states.len();
+                if moving && !view.migratable {
                     continue;
                 }
-                for (to, options) in site_options.iter().enumerate() {
-                    let moving = from != to && from < states.len();
-                    if moving && !view.migratable {
-                        continue;
-                    }
-                    let (extra_g, lost_h) = if moving {
-                        let (a, b) = (states[from], sites[to]);
-                        (
-                            penalty + transfer_kw * (prices.kw[a][slot] + prices.kw[b][slot]),
-                            (problem.transfer_s(job, a, b) / 3600.0).min(problem.slot_h),
-                        )
+                let (extra_g, lost_h) = if moving {
+                    let (a, b) = (states[from], sites[to]);
+                    (
+                        penalty + transfer_kw * (prices.kw[a][slot] + prices.kw[b][slot]),
+                        (problem.transfer_s(job, a, b) / 3600.0).min(problem.slot_h),
+                    )
+                } else {
+                    (0.0, 0.0)
+                };
+                let site = sites[to];
+                for option in options {
+                    let RunOption {
+                        pool,
+                        level,
+                        load_kw: kw,
+                        work_h,
+                        work_per_h,
+                    } = *option;
+                    let work_h = if moving {
+                        work_h - lost_h * work_per_h
                     } else {
-                        (0.0, 0.0)
+                        work_h
                     };
-                    let site = sites[to];
-                    for option in options {
-                        let RunOption {
-                            pool,
-                            level,
-                            load_kw: kw,
-                            work_h,
-                            work_per_h,
-                        } = *option;
-                        let work_h = if moving {
-                            work_h - lost_h * work_per_h
-                        } else {
-                            work_h
-                        };
-                        let units = to_units(work_h);
-                        let cost = base
-                            + extra_g
-                            + problem.change_g(job, slot, pool, level)
-                            + f64::from(view.gpus) * prices.gpu[pool][slot]
-                            + kw * prices.kw[site][slot];
+                    let units = to_units(work_h);
+                    let step_g = extra_g
+                        + problem.change_g(job, slot, pool, level)
+                        + f64::from(view.gpus) * prices.gpu[pool][slot]
+                        + kw * prices.kw[site][slot];
+                    let run = Some(Slot { slot, pool, level });
+                    for u in first_u..=k {
+                        let base = row[u];
+                        if !base.is_finite() {
+                            continue;
+                        }
+                        let cost = base + step_g;
                         let target = idx(to, (u + units).min(k));
                         if cost < next[target] - 1e-12 {
                             next[target] = cost;
-                            pick[target] =
-                                (from as u16, u as u16, Some(Slot { slot, pool, level }));
+                            pick[target] = (from as u16, u as u16, run);
                         }
                     }
                 }
@@ -380,7 +387,7 @@ pub(crate) fn solve(
     let mut best_bound: Option<f64> = None;
     let mut converged = false;
     let mut rounds = 0;
-    while rounds < MAX_ROUNDS {
+    while rounds < config.max_rounds.max(1) {
         rounds += 1;
         let solved = model
             .try_solve()

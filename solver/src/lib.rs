@@ -73,6 +73,9 @@ pub struct SolveOptions {
     /// Compute a lower bound (an LP relaxation) when the plan is not proven optimal. Rolling
     /// re-planning that only needs the plan turns it off.
     pub bound: bool,
+    /// Most column-generation rounds (each re-solves the master LP and prices every job); the
+    /// solver has no clock, so this is how a caller bounds the pricing work.
+    pub max_colgen_rounds: usize,
 }
 
 impl Default for SolveOptions {
@@ -83,6 +86,7 @@ impl Default for SolveOptions {
             method: Method::Auto,
             log: false,
             bound: true,
+            max_colgen_rounds: 400,
         }
     }
 }
@@ -187,6 +191,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             mip_time_limit_s: options.time_limit_s * full_milp_share,
             mip_rel_gap: options.mip_rel_gap,
             log: options.log,
+            max_rounds: options.max_colgen_rounds,
         };
         match colgen::solve(&problem, &include, &heuristic_schedule, &config) {
             Ok(outcome) => {

@@ -353,18 +353,22 @@ pub fn build(config: &BuildConfig) -> anyhow::Result<String> {
     let gangs = gang_sizes(data)?;
     let gang_total: f64 = gangs.iter().map(|(_, w)| w).sum();
     let week_s = 7.0 * 86_400.0;
-    let cycles = config.jobs.div_ceil(trace.len());
     let window_s = f64::from(config.days) * 86_400.0 * ARRIVAL_SHARE;
     let offset = (uniform(seed, 300, 0) * trace.len() as f64) as usize;
     let mut jobs_csv = String::from(
         "id,submit_utc,gpus,gpu_models,work_hours,deadline_utc,checkpoint_gb,migratable,home_site,save_s,restore_s\n",
     );
     let mut total_gpu_h = 0.0;
-    for k in 0..config.jobs {
-        let index = (offset + k) % trace.len();
+    // Trace time of the k-th sampled job, from the first sampled one; the trace repeats weekly.
+    let first_arrival_s = trace[offset].0;
+    let trace_s = |k: usize| {
         let cycle = (offset + k) / trace.len();
-        let (arrival_s, length_s) = trace[index];
-        let position = (cycle as f64 * week_s + arrival_s) / (cycles as f64 * week_s);
+        cycle as f64 * week_s + trace[(offset + k) % trace.len()].0 - first_arrival_s
+    };
+    let span_s = trace_s(config.jobs - 1).max(1.0);
+    for k in 0..config.jobs {
+        let (_, length_s) = trace[(offset + k) % trace.len()];
+        let position = trace_s(k) / span_s;
         let submit = start + Duration::seconds((position * window_s) as i64);
         let work_h = (length_s / 3600.0).clamp(MIN_WORK_H, MAX_WORK_H);
         let mut pick = uniform(seed, 400, k as u64) * gang_total;
@@ -381,8 +385,10 @@ pub fn build(config: &BuildConfig) -> anyhow::Result<String> {
         // Work is at full power on a speed-1.0 GPU; a slower allowed model needs more time,
         // so the deadline allows for the slowest model.
         let slowest = 0.6;
-        let deadline = submit
-            + Duration::seconds(((work_h / slowest) * (1.0 + slack) * 3600.0 + 7200.0) as i64);
+        // Deadlines stop at the scenario end, so every policy is judged on jobs it can finish.
+        let deadline = (submit
+            + Duration::seconds(((work_h / slowest) * (1.0 + slack) * 3600.0 + 7200.0) as i64))
+        .min(end);
         let checkpoint_gb = f64::from(gpus) * 2.0 * 20f64.powf(uniform(seed, 600, k as u64));
         let migratable = uniform(seed, 700, k as u64) < config.migratable_share;
         let home = (uniform(seed, 800, k as u64) * sites.len() as f64) as usize;

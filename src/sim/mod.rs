@@ -147,6 +147,8 @@ pub struct Metrics {
     pub completed: usize,
     /// Jobs finished after their deadline or not at all.
     pub deadline_misses: usize,
+    /// Ids of the jobs that missed their deadline.
+    pub missed_jobs: Vec<String>,
     /// Sum over jobs of work hours completed, each weighted by its GPU count.
     pub work_done_hours: f64,
     /// Grid emissions, kg CO2e.
@@ -394,7 +396,7 @@ pub fn simulate(
         t.gpu_utilisation = ratio(busy_gpu_slots[s] as f64, f64::from(gpus) * n_slots as f64);
     }
     let mut completed = 0;
-    let mut misses = 0;
+    let mut missed_jobs = Vec::new();
     let mut work_done_hours = 0.0;
     for (job, state) in scenario.jobs.iter().zip(&status) {
         work_done_hours += (job.work_hours - state.remaining_h) * f64::from(job.gpus);
@@ -403,10 +405,10 @@ pub fn simulate(
                 completed += 1;
                 series.completion_hours.push(done_h - job.submit_h);
                 if done_h > job.deadline_h + 1e-6 {
-                    misses += 1;
+                    missed_jobs.push(job.id.clone());
                 }
             }
-            None => misses += 1,
+            None => missed_jobs.push(job.id.clone()),
         }
     }
     let mut sorted = series.completion_hours.clone();
@@ -416,7 +418,8 @@ pub fn simulate(
         policy: policy.name().to_string(),
         jobs: scenario.jobs.len(),
         completed,
-        deadline_misses: misses,
+        deadline_misses: missed_jobs.len(),
+        missed_jobs,
         work_done_hours,
         emissions_kg: totals.iter().map(|t| t.emissions_kg).sum(),
         grid_energy_kwh: totals.iter().map(|t| t.grid_energy_kwh).sum(),
@@ -486,6 +489,11 @@ pub struct PlannerOptions {
     /// Re-optimise the whole plan every this many slots; arrivals in between are inserted into
     /// the standing plan.
     pub replan_every: usize,
+    /// Objective penalty per migration the planner adds to the scenario's own, g CO2e: the
+    /// operational risk of a move that forecast errors may undo.
+    pub migration_penalty_g: f64,
+    /// Most column-generation rounds per full re-plan.
+    pub colgen_rounds: usize,
 }
 
 impl Default for PlannerOptions {
@@ -494,6 +502,8 @@ impl Default for PlannerOptions {
             horizon_slots: 48,
             solve_seconds: 2.0,
             replan_every: 6,
+            migration_penalty_g: 300.0,
+            colgen_rounds: 10,
         }
     }
 }

@@ -114,7 +114,11 @@ impl Rolling {
             sites: sites_over(fleet, horizon, |s, t| view.forecast(s, now + t)),
             links_gbps: fleet.links_gbps.clone(),
             jobs,
-            params: fleet.params.clone(),
+            params: windfall_solver::Params {
+                migration_penalty_g: fleet.params.migration_penalty_g
+                    + self.options.migration_penalty_g,
+                ..fleet.params.clone()
+            },
             previous_assignments: self
                 .previous
                 .iter()
@@ -143,6 +147,7 @@ impl Rolling {
                 time_limit_s: self.options.solve_seconds,
                 method,
                 bound: false,
+                max_colgen_rounds: self.options.colgen_rounds,
                 ..SolveOptions::default()
             },
         );

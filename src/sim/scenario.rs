@@ -331,7 +331,12 @@ impl Scenario {
         let mut link_matrix_gbps: Vec<Vec<f64>> = file
             .sites
             .iter()
-            .map(|a| file.sites.iter().map(|b| a.wan_gbps.min(b.wan_gbps)).collect())
+            .map(|a| {
+                file.sites
+                    .iter()
+                    .map(|b| a.wan_gbps.min(b.wan_gbps))
+                    .collect()
+            })
             .collect();
         for (from, row) in &file.links_gbps {
             for (to, &gbps) in row {
@@ -442,8 +447,7 @@ impl Scenario {
         let forecast_rows = match forecasts {
             None => None,
             Some(rows) => {
-                let mut table: ForecastTable =
-                    vec![vec![Vec::new(); n_slots]; n_sites];
+                let mut table: ForecastTable = vec![vec![Vec::new(); n_slots]; n_sites];
                 for row in rows {
                     let Some(&s) = site_index.get(row.site.as_str()) else {
                         return Err(inconsistent(

@@ -13,6 +13,7 @@ fn exact() -> SolveOptions {
         method: Method::Auto,
         log: false,
         bound: true,
+        max_colgen_rounds: 400,
     }
 }
 
@@ -457,6 +458,7 @@ fn column_generation_plans_validate_on_random_instances() {
                 method: Method::ColumnGeneration,
                 log: false,
                 bound: true,
+                max_colgen_rounds: 400,
             },
         );
         let m = &solution.metrics;
