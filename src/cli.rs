@@ -421,7 +421,7 @@ pub enum Command {
         #[arg(long, default_value_t = 300.0)]
         migration_penalty_g: f64,
         /// Most column-generation rounds per full re-plan (each prices every job at every site).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 3)]
         colgen_rounds: usize,
     },
     /// Build scenario folders for `windfall simulate` from public traces.

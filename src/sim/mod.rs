@@ -503,7 +503,7 @@ impl Default for PlannerOptions {
             solve_seconds: 2.0,
             replan_every: 6,
             migration_penalty_g: 300.0,
-            colgen_rounds: 10,
+            colgen_rounds: 3,
         }
     }
 }

@@ -626,3 +626,34 @@ fn scenario_build_and_simulate_run_as_processes_on_real_traces() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown policy `fastest`"));
 }
+
+#[test]
+fn scenario_build_names_a_zone_without_data() {
+    let Some(data) = shared_data() else {
+        panic!("../shared/data not found: set WINDFALL_SHARED_DATA");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_windfall"))
+        .args(["scenario", "build", "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(tmp.path().join("s"))
+        .args([
+            "--zones",
+            "DE-LU,XX-NOWHERE",
+            "--start",
+            "2023-05-01T00:00:00Z",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no carbon data for zone XX-NOWHERE"),
+        "{stderr}"
+    );
+    assert!(
+        !tmp.path().join("s").exists(),
+        "nothing is written on error"
+    );
+}
