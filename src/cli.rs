@@ -35,6 +35,7 @@ pub enum MethodArg {
     Auto,
     Heuristic,
     ColumnGeneration,
+    DirectMilp,
 }
 
 /// Where the database is: `sqlite://PATH` (the embedded default) or `postgres://...`.
@@ -238,6 +239,21 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
     },
+    /// Build seeded instances from the public traces at sizes S (50 jobs x 4 sites x 48 slots),
+    /// M (1,000 x 12 x 96) and L (10,000 x 50 x 192); solve each with windfall and, on S and M,
+    /// with the direct MILP; print emissions, bound, gap, wall time and peak memory. Each size
+    /// runs in a child process.
+    Solver {
+        /// Sizes to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "S,M")]
+        sizes: Vec<String>,
+        /// The public data folder.
+        #[arg(long, default_value = "../shared/data")]
+        data: PathBuf,
+        /// Run the one size given in this process and print its result as JSON.
+        #[arg(long, hide = true)]
+        child: bool,
+    },
 }
 
 /// The commands.
@@ -368,8 +384,9 @@ pub enum Command {
         #[arg(long, default_value_t = 1e-4)]
         gap: f64,
         /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation above), `heuristic`
-        /// (constructive heuristic alone: fast, no optimality claim) or `column-generation` (at any
-        /// size).
+        /// (constructive heuristic alone: fast, no optimality claim), `column-generation` (at any
+        /// size) or `direct-milp` (the time-indexed MILP over every job at any size, for
+        /// comparison).
         #[arg(long, value_enum, default_value_t = MethodArg::Auto)]
         method: MethodArg,
         /// Shorthand for `--method heuristic`.
@@ -517,6 +534,7 @@ fn run(command: Command) -> Result<ExitCode> {
                         MethodArg::Auto => Method::Auto,
                         MethodArg::Heuristic => Method::Heuristic,
                         MethodArg::ColumnGeneration => Method::ColumnGeneration,
+                        MethodArg::DirectMilp => Method::DirectMilp,
                     }
                 },
                 log: solver_log,
@@ -757,6 +775,22 @@ fn run(command: Command) -> Result<ExitCode> {
                 "stored {stored} rows from {name} as source `{label}` in {:.1} s",
                 started.elapsed().as_secs_f64()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Solver { sizes, data, child }) => {
+            if child {
+                let [name] = sizes.as_slice() else {
+                    anyhow::bail!("--child runs exactly one size");
+                };
+                let size = crate::solver_bench::SIZES
+                    .iter()
+                    .find(|s| s.name.eq_ignore_ascii_case(name))
+                    .with_context(|| format!("unknown size `{name}`: choose S, M or L"))?;
+                let result = crate::solver_bench::run_size(size, &data)?;
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                print!("{}", crate::solver_bench::run(&sizes, &data)?);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Ingest { db, rows }) => {

@@ -15,6 +15,7 @@
 //! - `server`: `windfall serve`, the HTTP API;
 //! - `client`: `windfall submit` and `windfall jobs` over the API;
 //! - `bench`: `windfall bench api`, the API load benchmark;
+//! - `solver_bench`: `windfall bench solver`, the solver at three sizes against the direct MILP;
 //! - `sim`: `windfall simulate` and `windfall scenario build`, the trace-replay simulator;
 //! - `cli`: argument parsing and the commands' glue.
 
@@ -30,3 +31,4 @@ pub mod planning;
 pub mod report;
 pub mod server;
 pub mod sim;
+pub mod solver_bench;

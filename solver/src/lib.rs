@@ -57,6 +57,9 @@ pub enum Method {
     /// The heuristic, then column generation and neighbourhood search at any size (`Auto` uses
     /// the exact MILP instead on up to 12 jobs).
     ColumnGeneration,
+    /// The heuristic, then the direct time-indexed MILP over every job with the whole time
+    /// limit, at any size (no neighbourhood search): the reference the benchmark compares with.
+    DirectMilp,
 }
 
 /// How hard to try.
@@ -169,11 +172,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // Small instances get the whole limit for the exact MILP: neighbourhoods would cover most of
     // them anyway.
     let n_included = skip.iter().filter(|s| !**s).count();
-    let full_milp_share = if n_included <= 2 * NEIGHBOURHOOD_JOBS {
-        1.0
-    } else {
-        FULL_MILP_SHARE
-    };
+    let full_milp_share =
+        if n_included <= 2 * NEIGHBOURHOOD_JOBS || options.method == Method::DirectMilp {
+            1.0
+        } else {
+            FULL_MILP_SHARE
+        };
     let mut colgen_bound: Option<f64> = None;
     let use_colgen = options.method == Method::ColumnGeneration
         || (options.method == Method::Auto && n_included > 2 * NEIGHBOURHOOD_JOBS);
@@ -223,7 +227,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
             Err(err) => method = format!("{start_name} (column generation: {err})"),
         }
-    } else if options.method == Method::Auto {
+    } else if matches!(options.method, Method::Auto | Method::DirectMilp) {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
         let config = milp::MilpConfig {
             time_limit_s: options.time_limit_s * full_milp_share,
@@ -275,7 +279,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
-    if options.method != Method::Heuristic && !proven_optimal {
+    if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         let budget_s = options.time_limit_s * (1.0 - full_milp_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);

@@ -200,7 +200,13 @@ pub fn build(config: &BuildConfig) -> anyhow::Result<String> {
         String::from("time_utc,site,surplus_kw,carbon_g_per_kwh,price_usd_per_mwh\n");
     let mut rules_used = Vec::new();
     for (i, zone) in config.zones.iter().enumerate() {
-        let id = zone.to_lowercase();
+        // A zone listed again gets a numbered site of its own.
+        let repeat = config.zones[..i].iter().filter(|z| *z == zone).count();
+        let id = if repeat == 0 {
+            zone.to_lowercase()
+        } else {
+            format!("{}-{}", zone.to_lowercase(), repeat + 1)
+        };
         let model = if i % 2 == 0 { "H100" } else { "A100" };
         let wan = WAN_CHOICES_GBPS
             [(uniform(seed, 100 + i as u64, 0) * WAN_CHOICES_GBPS.len() as f64) as usize];

@@ -340,51 +340,7 @@ impl Oracle {
                 offline: false,
             };
         }
-        let end = fleet.slot_start(fleet.slots);
-        let mut index = HashMap::new();
-        let jobs: Vec<Job> = scenario
-            .jobs
-            .iter()
-            .enumerate()
-            .filter(|(_, j)| j.release_slot < fleet.slots)
-            .map(|(i, j)| {
-                index.insert(j.id.clone(), i);
-                Job {
-                    id: j.id.clone(),
-                    gpus: j.gpus,
-                    gpu_models: j
-                        .models
-                        .iter()
-                        .map(|&m| fleet.model_names[m].clone())
-                        .collect(),
-                    work_hours: j.work_hours,
-                    release_utc: UtcTime(j.submit_utc),
-                    deadline_utc: UtcTime(j.deadline_utc.min(end)),
-                    checkpoint_gb: j.checkpoint_gb,
-                    save_s: j.save_s,
-                    restore_s: j.restore_s,
-                    migratable: j.migratable,
-                    home_site: fleet.sites[j.home_site].id.clone(),
-                    current_site: None,
-                }
-            })
-            .collect();
-        let instance = Instance {
-            start_utc: UtcTime(fleet.start_utc),
-            slot_minutes: fleet.slot_minutes,
-            slots: fleet.slots,
-            gpu_models: fleet
-                .model_names
-                .iter()
-                .cloned()
-                .zip(fleet.models.iter().cloned())
-                .collect(),
-            sites: sites_over(fleet, fleet.slots, |s, t| scenario.actual(s, t)),
-            links_gbps: fleet.links_gbps.clone(),
-            jobs,
-            params: fleet.params.clone(),
-            previous_assignments: Vec::new(),
-        };
+        let (instance, index) = offline_instance(scenario);
         let mut inner = Rolling::new(
             PlannerOptions {
                 solve_seconds: (options.solve_seconds * 10.0).max(30.0),
@@ -399,6 +355,58 @@ impl Oracle {
             offline: true,
         }
     }
+}
+
+/// The whole scenario as one instance over the actuals: every job released at its submission,
+/// deadlines capped at the trace end; with the index of each job id in the scenario.
+pub fn offline_instance(scenario: &Scenario) -> (Instance, HashMap<String, usize>) {
+    let fleet = &scenario.fleet;
+    let end = fleet.slot_start(fleet.slots);
+    let mut index = HashMap::new();
+    let jobs: Vec<Job> = scenario
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.release_slot < fleet.slots)
+        .map(|(i, j)| {
+            index.insert(j.id.clone(), i);
+            Job {
+                id: j.id.clone(),
+                gpus: j.gpus,
+                gpu_models: j
+                    .models
+                    .iter()
+                    .map(|&m| fleet.model_names[m].clone())
+                    .collect(),
+                work_hours: j.work_hours,
+                release_utc: UtcTime(j.submit_utc),
+                deadline_utc: UtcTime(j.deadline_utc.min(end)),
+                checkpoint_gb: j.checkpoint_gb,
+                save_s: j.save_s,
+                restore_s: j.restore_s,
+                migratable: j.migratable,
+                home_site: fleet.sites[j.home_site].id.clone(),
+                current_site: None,
+            }
+        })
+        .collect();
+    let instance = Instance {
+        start_utc: UtcTime(fleet.start_utc),
+        slot_minutes: fleet.slot_minutes,
+        slots: fleet.slots,
+        gpu_models: fleet
+            .model_names
+            .iter()
+            .cloned()
+            .zip(fleet.models.iter().cloned())
+            .collect(),
+        sites: sites_over(fleet, fleet.slots, |s, t| scenario.actual(s, t)),
+        links_gbps: fleet.links_gbps.clone(),
+        jobs,
+        params: fleet.params.clone(),
+        previous_assignments: Vec::new(),
+    };
+    (instance, index)
 }
 
 impl Policy for Oracle {

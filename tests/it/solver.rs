@@ -647,3 +647,21 @@ fn job_emissions_add_up_to_the_plan_emissions() {
         "the baseline plan is the metrics' baseline"
     );
 }
+
+#[test]
+fn the_direct_milp_plans_validate_at_any_size() {
+    let instance = random_instance(31, 16, 3, 24);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            time_limit_s: 5.0,
+            method: Method::DirectMilp,
+            ..exact()
+        },
+    );
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    let m = &solution.metrics;
+    assert!(m.lower_bound_g <= m.emissions_g + 1e-6, "{m:?}");
+    assert!(!m.method.contains("neighbourhood"), "{}", m.method);
+}

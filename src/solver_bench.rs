@@ -1,0 +1,295 @@
+//! `windfall bench solver`: the solver on seeded instances built from the public traces at three
+//! sizes, against the direct time-indexed MILP.
+//!
+//! Owns the size table, building each instance (a scenario from `sim::build` over the size's
+//! sites and days, planned offline as one instance), timing the solves and reading peak memory.
+//! Each size runs in a child process of its own, so its peak memory is its own. It writes only
+//! into a temporary folder.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use windfall_solver::{Method, SolveOptions, solve};
+
+use crate::sim::build::{BuildConfig, SurplusRule, build};
+use crate::sim::{Scenario, planner::offline_instance};
+
+/// The zones sites are drawn from, in order (repeated beyond 16 sites).
+const ZONES: [&str; 16] = [
+    "DE-LU",
+    "GB",
+    "US-CAL-CISO",
+    "AU-NSW",
+    "CA-ON",
+    "US-TEX-ERCO",
+    "CL-SIC",
+    "AU-VIC",
+    "BR-SP",
+    "IN-WE",
+    "JP-TK",
+    "KR",
+    "SG",
+    "US-MIDA-PJM",
+    "US-NY-NYIS",
+    "ZA",
+];
+
+/// One benchmark size.
+#[derive(Clone, Copy, Debug)]
+pub struct Size {
+    /// Name: S, M or L.
+    pub name: &'static str,
+    /// Jobs.
+    pub jobs: usize,
+    /// Sites.
+    pub sites: usize,
+    /// Hourly slots.
+    pub slots: usize,
+    /// windfall's time limit, seconds.
+    pub limit_s: f64,
+    /// The direct MILP's time limit, seconds (`None`: not run at this size).
+    pub direct_limit_s: Option<f64>,
+    /// Column-generation rounds (the solver has no clock: rounds bound the pricing work).
+    pub colgen_rounds: usize,
+}
+
+/// The sizes of the solver-at-scale targets.
+pub const SIZES: [Size; 3] = [
+    Size {
+        name: "S",
+        jobs: 50,
+        sites: 4,
+        slots: 48,
+        limit_s: 5.0,
+        direct_limit_s: Some(5.0),
+        colgen_rounds: 400,
+    },
+    Size {
+        name: "M",
+        jobs: 1000,
+        sites: 12,
+        slots: 96,
+        limit_s: 30.0,
+        direct_limit_s: Some(120.0),
+        colgen_rounds: 10,
+    },
+    Size {
+        name: "L",
+        jobs: 10_000,
+        sites: 50,
+        slots: 192,
+        limit_s: 300.0,
+        direct_limit_s: None,
+        colgen_rounds: 5,
+    },
+];
+
+/// One solve's figures.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Figures {
+    /// Plan emissions, kg.
+    pub emissions_kg: f64,
+    /// Certified lower bound, kg.
+    pub lower_bound_kg: f64,
+    /// Relative gap.
+    pub gap: f64,
+    /// Jobs the plan could not serve.
+    pub unserved: usize,
+    /// Wall time, s.
+    pub wall_s: f64,
+    /// Algorithm summary.
+    pub method: String,
+}
+
+/// One size's result (a child process prints it as one JSON line).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SizeResult {
+    /// Size name.
+    pub size: String,
+    /// jobs x sites x slots.
+    pub shape: String,
+    /// Seconds building the instance.
+    pub build_s: f64,
+    /// windfall's solve.
+    pub windfall: Figures,
+    /// Peak resident memory after windfall's solve, MiB.
+    pub peak_mib: f64,
+    /// The direct MILP's solve, where run.
+    pub direct: Option<Figures>,
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn figures(instance: &windfall_solver::Instance, options: &SolveOptions) -> Figures {
+    let started = Instant::now();
+    let solution = solve(instance, options);
+    let m = &solution.metrics;
+    Figures {
+        emissions_kg: m.emissions_g / 1000.0,
+        lower_bound_kg: m.lower_bound_g / 1000.0,
+        gap: m.gap,
+        unserved: m.infeasible_jobs.len(),
+        wall_s: started.elapsed().as_secs_f64(),
+        method: m.method.clone(),
+    }
+}
+
+/// A folder removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds and solves one size in this process.
+pub fn run_size(size: &Size, data: &Path) -> Result<SizeResult> {
+    let started = Instant::now();
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "windfall-bench-solver-{}-{}",
+        std::process::id(),
+        size.name
+    )));
+    let zones: Vec<String> = (0..size.sites)
+        .map(|i| ZONES[i % ZONES.len()].to_string())
+        .collect();
+    build(&BuildConfig {
+        out: dir.path().to_path_buf(),
+        data: data.to_path_buf(),
+        zones,
+        start_utc: chrono::DateTime::parse_from_rfc3339("2022-06-01T00:00:00Z")
+            .expect("a valid time")
+            .with_timezone(&chrono::Utc),
+        days: (size.slots / 24) as u32,
+        surplus: SurplusRule::Auto,
+        jobs: size.jobs,
+        gpus_per_site: 8,
+        slack: (0.5, 3.0),
+        migratable_share: 0.8,
+        seed: 7,
+    })?;
+    let scenario = Scenario::load(dir.path())?;
+    let (instance, _) = offline_instance(&scenario);
+    let build_s = started.elapsed().as_secs_f64();
+    let windfall = figures(
+        &instance,
+        &SolveOptions {
+            time_limit_s: size.limit_s,
+            mip_rel_gap: 1e-3,
+            max_colgen_rounds: size.colgen_rounds,
+            ..SolveOptions::default()
+        },
+    );
+    let peak_mib = peak_rss_mib();
+    let direct = size.direct_limit_s.map(|limit_s| {
+        figures(
+            &instance,
+            &SolveOptions {
+                time_limit_s: limit_s,
+                mip_rel_gap: 1e-3,
+                method: Method::DirectMilp,
+                ..SolveOptions::default()
+            },
+        )
+    });
+    Ok(SizeResult {
+        size: size.name.to_string(),
+        shape: format!("{} x {} x {}", size.jobs, size.sites, size.slots),
+        build_s,
+        windfall,
+        peak_mib,
+        direct,
+    })
+}
+
+/// Runs the named sizes, each in a child process, and returns a Markdown table.
+pub fn run(sizes: &[String], data: &Path) -> Result<String> {
+    let exe: PathBuf = std::env::current_exe().context("locating the windfall binary")?;
+    let mut rows = Vec::new();
+    for name in sizes {
+        let Some(size) = SIZES.iter().find(|s| s.name.eq_ignore_ascii_case(name)) else {
+            bail!("unknown size `{name}`: choose S, M or L");
+        };
+        eprintln!(
+            "size {}: {} jobs x {} sites x {} slots, windfall limit {} s and {} column-generation rounds{}...",
+            size.name,
+            size.jobs,
+            size.sites,
+            size.slots,
+            size.limit_s,
+            size.colgen_rounds,
+            size.direct_limit_s
+                .map_or(String::new(), |l| format!(", direct MILP limit {l} s"))
+        );
+        let output = Command::new(&exe)
+            .args(["bench", "solver", "--child", "--sizes", size.name, "--data"])
+            .arg(data)
+            .output()
+            .context("running the size in a child process")?;
+        if !output.status.success() {
+            bail!(
+                "size {} failed: {}",
+                size.name,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let result: SizeResult = serde_json::from_slice(&output.stdout)
+            .with_context(|| format!("reading size {}'s result", size.name))?;
+        eprintln!(
+            "  windfall {:.3} kg (bound {:.3}, gap {:.2} %) in {:.1} s, peak {:.0} MiB",
+            result.windfall.emissions_kg,
+            result.windfall.lower_bound_kg,
+            result.windfall.gap * 100.0,
+            result.windfall.wall_s,
+            result.peak_mib
+        );
+        rows.push(result);
+    }
+    let mut table = String::from(
+        "| size | jobs x sites x slots | windfall kg | bound kg | gap | unserved | wall s | peak MiB | direct MILP kg | its bound kg | its gap | its wall s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &rows {
+        let w = &r.windfall;
+        let (dk, db, dg, dw) = match &r.direct {
+            Some(d) => (
+                format!("{:.3}", d.emissions_kg),
+                format!("{:.3}", d.lower_bound_kg),
+                format!("{:.2} %", d.gap * 100.0),
+                format!("{:.1}", d.wall_s),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        table.push_str(&format!(
+            "| {} | {} | {:.3} | {:.3} | {:.2} % | {} | {:.1} | {:.0} | {dk} | {db} | {dg} | {dw} |\n",
+            r.size,
+            r.shape,
+            w.emissions_kg,
+            w.lower_bound_kg,
+            w.gap * 100.0,
+            w.unserved,
+            w.wall_s,
+            r.peak_mib
+        ));
+    }
+    Ok(table)
+}
