@@ -114,12 +114,24 @@ pub struct SiteConfig {
     /// Grid import limit, kW (absent = unlimited).
     #[serde(default)]
     pub grid_limit_kw: Option<f64>,
-    /// WAN bandwidth, Gbit/s.
+    /// WAN bandwidth, Gbit/s (10 when absent, as in the instance format).
+    #[serde(default = "default_wan_gbps")]
     pub wan_gbps: f64,
+}
+
+impl SiteConfig {
+    /// GPUs of `model` at the site.
+    pub fn gpus_of(&self, model: &str) -> u32 {
+        self.gpus.get(model).copied().unwrap_or(0)
+    }
 }
 
 fn one() -> f64 {
     1.0
+}
+
+fn default_wan_gbps() -> f64 {
+    10.0
 }
 
 /// A job as stored.

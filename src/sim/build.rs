@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use chrono::{DateTime, Datelike, Duration, NaiveDateTime, Utc};
 
 use super::forecast::uniform;
-use super::scenario::{SiteSpec, SitesFile};
+use super::scenario::{SiteConfig, SitesFile};
 
 /// How a site's surplus power is derived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -326,7 +326,7 @@ pub fn build(config: &BuildConfig) -> anyhow::Result<String> {
                 surplus_kw
             );
         }
-        sites.push(SiteSpec {
+        sites.push(SiteConfig {
             id,
             zone: Some(zone.clone()),
             gpus: BTreeMap::from([(model.to_string(), config.gpus_per_site)]),

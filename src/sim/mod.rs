@@ -19,12 +19,10 @@ pub mod policies;
 pub mod report;
 pub mod scenario;
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 
 pub use forecast::{ErrorModel, Forecasts, Signal};
-pub use scenario::{Fleet, Scenario, ScenarioError, SimJob, SiteSpec};
+pub use scenario::{Fleet, Scenario, ScenarioError, SimJob, SiteConfig};
 
 /// One job run for one slot, as a policy decides it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -555,13 +553,4 @@ pub fn simulate_all(
         }));
     }
     Ok(outcomes)
-}
-
-/// Sites' energy as a map, for reports.
-pub fn site_map(metrics: &Metrics) -> BTreeMap<String, SiteTotals> {
-    metrics
-        .sites
-        .iter()
-        .map(|s| (s.site.clone(), s.clone()))
-        .collect()
 }

@@ -15,7 +15,7 @@ use windfall_solver::{
     Instance, Job, Method, Site, SolveOptions, UtcTime, instance::CarbonSignal, solve,
 };
 
-use super::policies::first_fit;
+use super::policies::take_first_fit;
 use super::scenario::{Fleet, Scenario};
 use super::{PlannerOptions, Policy, Run, View, free_gpus};
 
@@ -105,12 +105,7 @@ impl Rolling {
             start_utc: UtcTime(fleet.slot_start(now)),
             slot_minutes: fleet.slot_minutes,
             slots: horizon,
-            gpu_models: fleet
-                .model_names
-                .iter()
-                .cloned()
-                .zip(fleet.models.iter().cloned())
-                .collect(),
+            gpu_models: fleet.gpu_models(),
             sites: sites_over(fleet, horizon, |s, t| view.forecast(s, now + t)),
             links_gbps: fleet.links_gbps.clone(),
             jobs,
@@ -285,15 +280,8 @@ impl Policy for Rolling {
                 continue;
             }
             let site = status.location.unwrap_or(spec.home_site);
-            if let Some(model) = first_fit(spec, site, &free) {
-                free[site][model] -= spec.gpus;
+            if take_first_fit(job, spec, site, &mut free, &mut runs).is_some() {
                 self.fallback_runs += 1;
-                runs.push(Run {
-                    job,
-                    site,
-                    model,
-                    level: 0,
-                });
             }
         }
         runs
@@ -394,12 +382,7 @@ pub fn offline_instance(scenario: &Scenario) -> (Instance, HashMap<String, usize
         start_utc: UtcTime(fleet.start_utc),
         slot_minutes: fleet.slot_minutes,
         slots: fleet.slots,
-        gpu_models: fleet
-            .model_names
-            .iter()
-            .cloned()
-            .zip(fleet.models.iter().cloned())
-            .collect(),
+        gpu_models: fleet.gpu_models(),
         sites: sites_over(fleet, fleet.slots, |s, t| scenario.actual(s, t)),
         links_gbps: fleet.links_gbps.clone(),
         jobs,

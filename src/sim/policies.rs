@@ -45,6 +45,32 @@ pub fn first_fit(job: &SimJob, site: usize, free: &[Vec<u32>]) -> Option<usize> 
         .find(|&m| free[site][m] >= job.gpus)
 }
 
+/// Starts `job` at `site` on the first allowed model with free GPUs, at full power: takes the
+/// GPUs and adds the run. Returns the model, or `None` when nothing fits.
+pub fn take_first_fit(
+    job: usize,
+    spec: &SimJob,
+    site: usize,
+    free: &mut [Vec<u32>],
+    runs: &mut Vec<Run>,
+) -> Option<usize> {
+    let model = first_fit(spec, site, free)?;
+    free[site][model] -= spec.gpus;
+    runs.push(Run {
+        job,
+        site,
+        model,
+        level: 0,
+    });
+    Some(model)
+}
+
+/// Power a job adds at a site over the idle draw of the GPUs it uses, kW.
+fn extra_kw(fleet: &Fleet, job: &SimJob, site: usize, model: usize) -> f64 {
+    job_kw(fleet, job, site, model, 0)
+        - fleet.sites[site].pue * f64::from(job.gpus) * fleet.models[model].idle_w / 1000.0
+}
+
 /// The fastest allowed model the site has enough GPUs of in total (free or not).
 fn fastest_model(fleet: &Fleet, job: &SimJob, site: usize) -> Option<usize> {
     job.models
@@ -112,15 +138,8 @@ impl Policy for RunNow {
                 continue;
             }
             let spec = view.job(job).expect("open jobs are submitted");
-            if let Some(model) = first_fit(spec, spec.home_site, &free) {
-                free[spec.home_site][model] -= spec.gpus;
+            if let Some(model) = take_first_fit(job, spec, spec.home_site, &mut free, &mut runs) {
                 self.placed.insert(job, (spec.home_site, model));
-                runs.push(Run {
-                    job,
-                    site: spec.home_site,
-                    model,
-                    level: 0,
-                });
             }
         }
         runs
@@ -169,15 +188,7 @@ impl Policy for WaitAwhile {
         let mut runs = Vec::new();
         for (_, job) in wanted {
             let spec = view.job(job).expect("open jobs are submitted");
-            if let Some(model) = first_fit(spec, spec.home_site, &free) {
-                free[spec.home_site][model] -= spec.gpus;
-                runs.push(Run {
-                    job,
-                    site: spec.home_site,
-                    model,
-                    level: 0,
-                });
-            }
+            take_first_fit(job, spec, spec.home_site, &mut free, &mut runs);
         }
         runs
     }
@@ -287,15 +298,8 @@ impl Policy for GaiaCst {
             if now < start {
                 continue;
             }
-            if let Some(model) = first_fit(spec, spec.home_site, &free) {
-                free[spec.home_site][model] -= spec.gpus;
+            if let Some(model) = take_first_fit(job, spec, spec.home_site, &mut free, &mut runs) {
                 self.placed.insert(job, (spec.home_site, model));
-                runs.push(Run {
-                    job,
-                    site: spec.home_site,
-                    model,
-                    level: 0,
-                });
             }
         }
         runs
@@ -341,12 +345,7 @@ impl Policy for SurplusChaser {
             let chase = (0..fleet.sites.len())
                 .filter(|&site| may_run_at(site))
                 .filter_map(|site| first_fit(spec, site, &free).map(|m| (site, m)))
-                .filter(|&(site, m)| {
-                    let extra_kw = job_kw(fleet, spec, site, m, 0)
-                        - fleet.sites[site].pue * f64::from(spec.gpus) * fleet.models[m].idle_w
-                            / 1000.0;
-                    left_kw[site] >= extra_kw
-                })
+                .filter(|&(site, m)| left_kw[site] >= extra_kw(fleet, spec, site, m))
                 .max_by(|a, b| {
                     // Most surplus left; on a tie, stay put, then the lower site index.
                     left_kw[a.0]
@@ -360,9 +359,7 @@ impl Policy for SurplusChaser {
             });
             if let Some((site, model)) = choice {
                 free[site][model] -= spec.gpus;
-                left_kw[site] -= job_kw(fleet, spec, site, model, 0)
-                    - fleet.sites[site].pue * f64::from(spec.gpus) * fleet.models[model].idle_w
-                        / 1000.0;
+                left_kw[site] -= extra_kw(fleet, spec, site, model);
                 runs.push(Run {
                     job,
                     site,

@@ -14,6 +14,7 @@ use windfall_forecasts::SignalRow;
 use windfall_solver::{GpuModel, Params};
 
 use super::forecast::Signal;
+pub use crate::model::SiteConfig;
 
 /// Why a scenario was refused.
 #[derive(Debug, thiserror::Error)]
@@ -47,42 +48,6 @@ pub enum ScenarioError {
     },
 }
 
-/// A site as `sites.toml` gives it (the instance format's site fields without the series).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SiteSpec {
-    /// Unique site id.
-    pub id: String,
-    /// Grid zone (informative).
-    #[serde(default)]
-    pub zone: Option<String>,
-    /// GPUs per model.
-    pub gpus: BTreeMap<String, u32>,
-    /// Power usage effectiveness (>= 1).
-    #[serde(default = "one")]
-    pub pue: f64,
-    /// Grid import limit, kW; absent = unlimited.
-    #[serde(default)]
-    pub grid_limit_kw: Option<f64>,
-    /// WAN bandwidth, Gbit/s.
-    #[serde(default = "default_wan")]
-    pub wan_gbps: f64,
-}
-
-fn one() -> f64 {
-    1.0
-}
-fn default_wan() -> f64 {
-    10.0
-}
-
-impl SiteSpec {
-    /// GPUs of `model` at the site.
-    pub fn gpus_of(&self, model: &str) -> u32 {
-        self.gpus.get(model).copied().unwrap_or(0)
-    }
-}
-
 /// `sites.toml`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,7 +55,7 @@ pub struct SitesFile {
     /// GPU models by name.
     pub gpu_models: BTreeMap<String, GpuModel>,
     /// The sites.
-    pub sites: Vec<SiteSpec>,
+    pub sites: Vec<SiteConfig>,
     /// Link bandwidth overrides, Gbit/s.
     #[serde(default)]
     pub links_gbps: BTreeMap<String, BTreeMap<String, f64>>,
@@ -107,7 +72,7 @@ pub struct Fleet {
     /// Models, in index order.
     pub models: Vec<GpuModel>,
     /// Sites, in file order.
-    pub sites: Vec<SiteSpec>,
+    pub sites: Vec<SiteConfig>,
     /// Link overrides as given.
     pub links_gbps: BTreeMap<String, BTreeMap<String, f64>>,
     link_matrix_gbps: Vec<Vec<f64>>,
@@ -135,6 +100,15 @@ impl Fleet {
     /// Link bandwidth between two sites, Gbit/s (an override, else the smaller WAN).
     pub fn link_gbps(&self, from: usize, to: usize) -> f64 {
         self.link_matrix_gbps[from][to]
+    }
+
+    /// The GPU models by name, as the solver's instance takes them.
+    pub fn gpu_models(&self) -> BTreeMap<String, GpuModel> {
+        self.model_names
+            .iter()
+            .cloned()
+            .zip(self.models.iter().cloned())
+            .collect()
     }
 
     /// Index of a site id.
