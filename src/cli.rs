@@ -269,8 +269,23 @@ pub enum Command {
         /// Address to listen on (port 0 picks a free port; the first output line names it).
         #[arg(long, env = "WINDFALL_LISTEN", default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Seconds a site agent may keep acting on its last directives when it cannot reach
+        /// the planner; past it the agent starts no new work.
+        #[arg(long, env = "WINDFALL_LEASE_SECONDS", default_value_t = crate::server::DEFAULT_LEASE_S)]
+        lease_seconds: i64,
         #[command(flatten)]
         cycle: CycleArgs,
+    },
+    /// A site agent: registers with the planner, heartbeats its GPU inventory, pulls its
+    /// directives and at each slot boundary starts, pauses or migrates the site's jobs, with
+    /// GPU power caps clamped to the devices and the site budget. Checkpoints move to the
+    /// destination agent over HTTP (chunked, sha256-verified, resumable). `--config` names
+    /// the site's agent configuration (TOML; see docs/agent.md). Logs go to standard error
+    /// (`-v` for each action).
+    Agent {
+        /// Log the power caps it would set and change none (overrides the file).
+        #[arg(long)]
+        dry_run: bool,
     },
     /// One planning cycle, for cron: read sites, forecasts and the queue, solve, store the plan
     /// in one transaction, print a summary. Exits 0 on success, 2 with a message on failure or
@@ -479,7 +494,7 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(cli.command) {
+    match run(cli.command, cli.config) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -488,7 +503,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> Result<ExitCode> {
+fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
     match command {
         Command::Demo {
             data_dir,
@@ -577,15 +592,29 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve { db, listen, cycle } => {
+        Command::Serve {
+            db,
+            listen,
+            lease_seconds,
+            cycle,
+        } => {
             let runtime = runtime()?;
             runtime.block_on(async {
                 let store = crate::db::Store::connect(&db.db)
                     .await
                     .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
-                let state = crate::server::AppState::new(store, cycle_config(&db.db, &cycle));
+                let state = crate::server::AppState::new(store, cycle_config(&db.db, &cycle))
+                    .with_lease_s(lease_seconds);
                 crate::server::serve(state, listen).await
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Agent { dry_run } => {
+            let site_config = config.context(
+                "windfall agent needs its site configuration: windfall agent --config site.toml",
+            )?;
+            let runtime = runtime()?;
+            runtime.block_on(crate::agent::run_from_file(&site_config, dry_run))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Plan { db, cycle } => {
@@ -979,6 +1008,20 @@ fn apply_config_file() -> Result<()> {
     let Some(path) = from_args.or_else(|| std::env::var("WINDFALL_CONFIG").ok()) else {
         return Ok(());
     };
+    // `windfall agent --config site.toml` names the agent's own file, read by the agent.
+    let mut rest = args.iter().skip(1);
+    let mut subcommand = None;
+    while let Some(a) = rest.next() {
+        if a == "--config" {
+            rest.next();
+        } else if !a.starts_with('-') {
+            subcommand = Some(a.as_str());
+            break;
+        }
+    }
+    if subcommand == Some("agent") {
+        return Ok(());
+    }
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading configuration file {path}"))?;
     let table: toml::Table =

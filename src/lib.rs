@@ -17,8 +17,10 @@
 //! - `bench`: `windfall bench api`, the API load benchmark;
 //! - `solver_bench`: `windfall bench solver`, the solver at three sizes against the direct MILP;
 //! - `sim`: `windfall simulate` and `windfall scenario build`, the trace-replay simulator;
+//! - `agent`: `windfall agent`, the site agent (GPUs, executors, checkpoint transfers);
 //! - `cli`: argument parsing and the commands' glue.
 
+pub mod agent;
 pub mod auth;
 pub mod bench;
 pub mod cli;

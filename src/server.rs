@@ -45,6 +45,8 @@ pub struct AppState {
     tokens: std::sync::Mutex<std::collections::HashMap<String, (Principal, Instant)>>,
     /// The latest plan as last read, with its jobs' commands; reused while no newer plan exists.
     plan_cache: Mutex<Option<Arc<CachedPlan>>>,
+    /// Seconds a directive response stays valid (the agent's lease).
+    lease_s: i64,
 }
 
 /// How long a verified token is trusted without asking the store again.
@@ -52,7 +54,8 @@ const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 struct CachedPlan {
     plan: crate::model::PlanRecord,
-    commands: BTreeMap<String, Option<String>>,
+    /// Per job: its command and GPU count.
+    commands: BTreeMap<String, (Option<String>, u32)>,
     /// Per site, the directives over the whole horizon as sent (the usual poll, without a range).
     whole_horizon: std::sync::Mutex<BTreeMap<String, Arc<String>>>,
     /// Per job, emissions attributed under the plan and under the run-now baseline, computed on
@@ -103,7 +106,14 @@ impl AppState {
             metrics: Counters::default(),
             tokens: std::sync::Mutex::new(std::collections::HashMap::new()),
             plan_cache: Mutex::new(None),
+            lease_s: DEFAULT_LEASE_S,
         }
+    }
+
+    /// Sets how long directives stay valid for an agent that cannot reach the planner.
+    pub fn with_lease_s(mut self, lease_s: i64) -> AppState {
+        self.lease_s = lease_s.max(1);
+        self
     }
 
     /// The latest plan and its jobs' commands, read again only when a newer plan exists.
@@ -123,8 +133,9 @@ impl AppState {
         let mut commands = BTreeMap::new();
         for a in &plan.plan.assignments {
             if !commands.contains_key(&a.job) {
-                let command = self.store.job(&a.job).await?.and_then(|j| j.command);
-                commands.insert(a.job.clone(), command);
+                let job = self.store.job(&a.job).await?;
+                let gpus = job.as_ref().map_or(0, |j| j.gpus);
+                commands.insert(a.job.clone(), (job.and_then(|j| j.command), gpus));
             }
         }
         let fresh = Arc::new(CachedPlan {
@@ -284,12 +295,18 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/jobs", post(submit_job).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/gpu-models/{name}", put(put_gpu_model))
         .route("/v1/sites", get(list_sites))
         .route("/v1/sites/{id}", put(put_site))
         .route("/v1/sites/{id}/heartbeat", post(heartbeat))
         .route("/v1/sites/{id}/directives", get(directives))
         .route("/v1/sites/{id}/events", post(post_event))
+        .route(
+            "/v1/sites/{id}/migrations/{job}/token",
+            post(issue_transfer_token),
+        )
+        .route("/v1/transfers/verify", post(verify_transfer_token))
         .route("/v1/forecasts", post(upload_forecasts).get(query_forecasts))
         .route("/v1/plans", post(trigger_plan))
         .route("/v1/plans/latest", get(latest_plan))
@@ -697,6 +714,17 @@ async fn load_job(state: &AppState, principal: &Principal, id: &str) -> ApiResul
     Ok(job)
 }
 
+/// A job's history as its sites' agents reported it, oldest first.
+async fn job_events(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    load_job(&state, &principal, &id).await?;
+    let events = state.store.job_events(&id).await?;
+    Ok(Json(json!({ "job": id, "events": events })))
+}
+
 async fn get_job(
     State(state): State<Shared>,
     principal: Principal,
@@ -862,6 +890,9 @@ struct HeartbeatBody {
     /// Anything else the agent reports (NVML readings, versions).
     #[serde(default)]
     detail: Option<Value>,
+    /// Where other agents reach this agent's checkpoint endpoint.
+    #[serde(default)]
+    agent_url: Option<String>,
 }
 
 async fn heartbeat(
@@ -879,7 +910,17 @@ async fn heartbeat(
     if !state.store.sites().await?.iter().any(|s| s.id == site) {
         return Err(ApiError::not_found(format!("no site `{site}`")));
     }
-    let payload = json!({ "inventory": body.inventory, "detail": body.detail });
+    if let Some(url) = &body.agent_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(ApiError::field(
+            "agent_url",
+            "must start with http:// or https://",
+        ));
+    }
+    let payload = json!({
+        "inventory": body.inventory, "detail": body.detail, "agent_url": body.agent_url,
+    });
     let now = Utc::now();
     state
         .store
@@ -909,19 +950,20 @@ async fn directives(
             "this token may not read the directives of site `{site}`"
         )));
     }
+    let lease_until = Utc::now() + Duration::seconds(state.lease_s);
     let Some(cached) = state.latest_plan_cached().await? else {
-        return Ok(
-            Json(json!({ "site": site, "plan_id": null, "runs": [], "migrations": [] }))
-                .into_response(),
-        );
+        return Ok(Json(json!({
+            "site": site, "plan_id": null, "lease_until_utc": lease_until,
+            "runs": [], "migrations": [],
+        }))
+        .into_response());
     };
     let whole = range.from.is_none() && range.to.is_none();
+    // The cached body is the plan's part; the lease is added per response in front of it.
+    let lease = json!(lease_until).to_string();
     let as_json = |text: Arc<String>| {
-        (
-            [(header::CONTENT_TYPE, "application/json")],
-            text.as_str().to_owned(),
-        )
-            .into_response()
+        let body = format!("{{\"lease_until_utc\":{lease},{}", &text[1..]);
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     };
     if whole
         && let Some(text) = cached
@@ -950,9 +992,9 @@ async fn directives(
         let Some(start) = in_range(a.slot) else {
             continue;
         };
-        let command = cached.commands.get(&a.job).cloned().flatten();
+        let (command, gpus) = cached.commands.get(&a.job).cloned().unwrap_or_default();
         runs.push(json!({
-            "job": a.job, "start_utc": start, "end_utc": start + slot,
+            "job": a.job, "start_utc": start, "end_utc": start + slot, "gpus": gpus,
             "power_cap_w": a.power_w, "gpu_model": a.gpu_model, "command": command,
         }));
     }
@@ -992,13 +1034,15 @@ struct EventBody {
 }
 
 /// Event kinds and the job state each implies.
-const EVENT_KINDS: [(&str, Option<JobState>); 8] = [
+const EVENT_KINDS: [(&str, Option<JobState>); 10] = [
     ("job_started", Some(JobState::Running)),
     ("progress", None),
     ("checkpoint_written", None),
     ("paused", Some(JobState::Paused)),
     ("migration_sent", Some(JobState::Migrating)),
-    ("migration_received", Some(JobState::Running)),
+    ("migration_received", Some(JobState::Paused)),
+    ("migration_done", None),
+    ("power_caps", None),
     ("job_finished", Some(JobState::Done)),
     ("job_failed", Some(JobState::Failed)),
 ];
@@ -1049,6 +1093,120 @@ async fn post_event(
         )
         .await?;
     Ok((StatusCode::CREATED, Json(json!({ "recorded": event.kind }))))
+}
+
+/// Transfer tokens live this long: enough for a slow link, short enough to be useless later.
+const TRANSFER_TOKEN_TTL_S: i64 = 6 * 3600;
+
+/// Default seconds an agent may act on its last directives without reaching the planner.
+pub const DEFAULT_LEASE_S: i64 = 900;
+
+/// Issues the source agent a token for one migration of the latest plan, with the destination
+/// agent's address.
+async fn issue_transfer_token(
+    State(state): State<Shared>,
+    principal: Principal,
+    Path((site, job)): Path<(String, String)>,
+) -> ApiResult<Json<Value>> {
+    if !principal.may_act_for_site(&site) {
+        return Err(ApiError::forbidden(format!(
+            "this token may not move jobs out of site `{site}`"
+        )));
+    }
+    let cached = state
+        .latest_plan_cached()
+        .await?
+        .ok_or_else(|| ApiError::not_found("no plan yet"))?;
+    let plan = &cached.plan;
+    let Some(migration) = plan
+        .plan
+        .migrations
+        .iter()
+        .find(|m| m.job == job && m.from == site)
+    else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "plan #{} has no migration of job `{job}` out of `{site}`",
+                plan.id
+            ),
+        ));
+    };
+    let heartbeats = state.store.heartbeats().await?;
+    let destination_url = heartbeats
+        .iter()
+        .find(|h| h.site == migration.to)
+        .and_then(|h| serde_json::from_str::<Value>(&h.inventory_json).ok())
+        .and_then(|v| v["agent_url"].as_str().map(str::to_string))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "the agent of destination site `{}` has not reported its address yet",
+                    migration.to
+                ),
+            )
+        })?;
+    let new = crate::auth::new_token()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let now = Utc::now();
+    let record = crate::db::TransferToken {
+        hash: new.hash,
+        job: job.clone(),
+        from_site: site.clone(),
+        to_site: migration.to.clone(),
+        plan_id: plan.id,
+        created_utc: now,
+        expires_utc: now + Duration::seconds(TRANSFER_TOKEN_TTL_S),
+    };
+    state.store.insert_transfer_token(&record).await?;
+    Ok(Json(json!({
+        "token": new.token, "job": job, "from": site, "to": migration.to,
+        "destination_url": destination_url, "plan_id": plan.id,
+        "expires_utc": record.expires_utc,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyBody {
+    token: String,
+}
+
+/// Tells an agent whether a transfer token is valid and what it allows; only the two agents of
+/// the migration may ask.
+async fn verify_transfer_token(
+    State(state): State<Shared>,
+    principal: Principal,
+    bytes: Bytes,
+) -> ApiResult<Json<Value>> {
+    require(
+        &principal,
+        &[Role::Agent, Role::Admin],
+        "verify transfer tokens",
+    )?;
+    let body: VerifyBody = parse_body(&bytes)?;
+    let hash = crate::auth::hash_token(&body.token);
+    let Some(token) = state.store.transfer_token(&hash).await? else {
+        return Err(ApiError::forbidden("unknown transfer token"));
+    };
+    if !(principal.may_act_for_site(&token.to_site) || principal.may_act_for_site(&token.from_site))
+    {
+        return Err(ApiError::forbidden(format!(
+            "this transfer token is for sites `{}` and `{}`",
+            token.from_site, token.to_site
+        )));
+    }
+    if token.expires_utc <= Utc::now() {
+        return Err(ApiError::forbidden(format!(
+            "the transfer token for job `{}` expired at {}",
+            token.job, token.expires_utc
+        )));
+    }
+    Ok(Json(json!({
+        "job": token.job, "from": token.from_site, "to": token.to_site,
+        "plan_id": token.plan_id, "expires_utc": token.expires_utc,
+    })))
 }
 
 async fn upload_forecasts(
@@ -1280,9 +1438,12 @@ async fn openapi() -> Json<Value> {
             "/v1/gpu-models/{name}": { "put": op("create or update a GPU model (admin)") },
             "/v1/sites": { "get": op("list sites") },
             "/v1/sites/{id}": { "put": op("create or update a site (admin)") },
-            "/v1/sites/{id}/heartbeat": { "post": op("agent heartbeat with inventory (the site's agent)") },
-            "/v1/sites/{id}/directives": { "get": op("what the site's agent must run, from the current plan; query from, to") },
-            "/v1/sites/{id}/events": { "post": op("agent events: job_started, progress, checkpoint_written, paused, migration_sent, migration_received, job_finished, job_failed") },
+            "/v1/sites/{id}/heartbeat": { "post": op("agent heartbeat with inventory and the agent's address (the site's agent)") },
+            "/v1/sites/{id}/directives": { "get": op("what the site's agent must run, from the current plan, with the lease until which it may act on them; query from, to") },
+            "/v1/sites/{id}/events": { "post": op("agent events: job_started, progress, checkpoint_written, paused, migration_sent, migration_received, migration_done, power_caps, job_finished, job_failed") },
+            "/v1/sites/{id}/migrations/{job}/token": { "post": op("a short-lived token for one checkpoint transfer of the latest plan, with the destination agent's address (the source site's agent)") },
+            "/v1/jobs/{id}/events": { "get": op("the job's history as agents reported it: started, checkpoints, migrations, power caps, finished") },
+            "/v1/transfers/verify": { "post": op("whether a transfer token is valid, and for which job and sites (the two agents of the migration)") },
             "/v1/forecasts": { "post": op("upload canonical forecast CSV (admin); header X-Windfall-Source labels it"),
                                "get": op("forecast values for a site: query site, from, to, as_of (what was known then)") },
             "/v1/plans": { "post": op("run one planning cycle now (admin)") },

@@ -749,6 +749,38 @@ pub struct TokenRecord {
     pub created_utc: DateTime<Utc>,
 }
 
+/// A token that authorises one checkpoint transfer between two site agents.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TransferToken {
+    /// SHA-256 of the token (the token itself is never stored).
+    pub hash: String,
+    /// The migrating job.
+    pub job: String,
+    /// Source site (uploads the checkpoint).
+    pub from_site: String,
+    /// Destination site (receives it).
+    pub to_site: String,
+    /// The plan that ordered the migration.
+    pub plan_id: i64,
+    /// When it was issued.
+    pub created_utc: DateTime<Utc>,
+    /// After this the destination refuses it.
+    pub expires_utc: DateTime<Utc>,
+}
+
+/// One agent event.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EventRecord {
+    /// The reporting site.
+    pub site: String,
+    /// Event kind.
+    pub kind: String,
+    /// What the agent attached.
+    pub detail: serde_json::Value,
+    /// When it arrived.
+    pub time_utc: DateTime<Utc>,
+}
+
 /// A site agent's newest heartbeat.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Heartbeat {
@@ -853,6 +885,75 @@ impl Store {
                     time_utc: parse_time(&format!("heartbeat {site}"), &row.get::<String, _>(1))?,
                     inventory_json: row.get(2),
                     site,
+                })
+            })
+            .collect()
+    }
+
+    /// Stores a checkpoint-transfer token's hash for one migration.
+    pub async fn insert_transfer_token(&self, token: &TransferToken) -> Result<()> {
+        let _turn = self.write_turn().await;
+        sqlx::query(
+            "INSERT INTO transfer_tokens
+               (hash, job_id, from_site, to_site, plan_id, created_utc, expires_utc)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&token.hash)
+        .bind(&token.job)
+        .bind(&token.from_site)
+        .bind(&token.to_site)
+        .bind(token.plan_id)
+        .bind(time_text(token.created_utc))
+        .bind(time_text(token.expires_utc))
+        .execute(&self.pool)
+        .await
+        .map_err(db(format!("saving a transfer token for job {}", token.job)))?;
+        Ok(())
+    }
+
+    /// The transfer token with this hash, expired or not.
+    pub async fn transfer_token(&self, hash: &str) -> Result<Option<TransferToken>> {
+        let row = sqlx::query(
+            "SELECT hash, job_id, from_site, to_site, plan_id, created_utc, expires_utc
+             FROM transfer_tokens WHERE hash = $1",
+        )
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db("checking a transfer token"))?;
+        row.map(|row| {
+            let job: String = row.get(1);
+            let what = format!("transfer token for job {job}");
+            Ok(TransferToken {
+                hash: row.get(0),
+                from_site: row.get(2),
+                to_site: row.get(3),
+                plan_id: row.get(4),
+                created_utc: parse_time(&what, &row.get::<String, _>(5))?,
+                expires_utc: parse_time(&what, &row.get::<String, _>(6))?,
+                job,
+            })
+        })
+        .transpose()
+    }
+
+    /// Events reported for `job`, oldest first.
+    pub async fn job_events(&self, job: &str) -> Result<Vec<EventRecord>> {
+        let rows = sqlx::query(
+            "SELECT site_id, kind, detail_json, time_utc FROM events WHERE job_id = $1 ORDER BY id",
+        )
+        .bind(job)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db(format!("reading the events of job {job}")))?;
+        rows.iter()
+            .map(|row| {
+                let detail: String = row.get(2);
+                Ok(EventRecord {
+                    site: row.get(0),
+                    kind: row.get(1),
+                    detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+                    time_utc: parse_time(&format!("event of job {job}"), &row.get::<String, _>(3))?,
                 })
             })
             .collect()

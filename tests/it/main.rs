@@ -2,6 +2,7 @@
 //! validator per constraint, instance errors, the store on SQLite and PostgreSQL, and the CLI as
 //! a real process.
 
+mod agent;
 mod cli;
 mod fixtures;
 mod ingest;

@@ -10,7 +10,7 @@ use chrono::{Duration, DurationRound, Utc};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-fn windfall(args: &[&str]) -> Output {
+pub(crate) fn windfall(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_windfall"))
         .args(args)
         .env_remove("WINDFALL_DB")
@@ -19,7 +19,7 @@ fn windfall(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn stdout(out: &Output) -> String {
+pub(crate) fn stdout(out: &Output) -> String {
     assert!(
         out.status.success(),
         "exit {:?}: {}",
@@ -97,13 +97,13 @@ fn psql_blocking(url: &str, sql: &str) {
 }
 
 /// A running `windfall serve`, stopped with SIGTERM on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Server {
-    fn start(db: &str) -> Server {
+    pub(crate) fn start(db: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
             .args([
                 "serve",
@@ -145,7 +145,7 @@ impl Drop for Server {
     }
 }
 
-fn token(db: &str, role: &str, name: &str, site: Option<&str>) -> String {
+pub(crate) fn token(db: &str, role: &str, name: &str, site: Option<&str>) -> String {
     let mut args = vec![
         "token", "create", "--db", db, "--role", role, "--name", name,
     ];
@@ -155,13 +155,13 @@ fn token(db: &str, role: &str, name: &str, site: Option<&str>) -> String {
     stdout(&windfall(&args)).trim().to_string()
 }
 
-struct Api {
-    http: reqwest::Client,
-    base: String,
+pub(crate) struct Api {
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
 }
 
 impl Api {
-    fn new(base: &str) -> Api {
+    pub(crate) fn new(base: &str) -> Api {
         let _ = rustls::crypto::ring::default_provider().install_default();
         Api {
             http: reqwest::Client::new(),
@@ -191,14 +191,14 @@ impl Api {
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
     }
-    async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+    pub(crate) async fn get(&self, path: &str, token: Option<&str>) -> (StatusCode, Value) {
         self.call(reqwest::Method::GET, path, token, None).await
     }
-    async fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
         self.call(reqwest::Method::POST, path, Some(token), Some(body))
             .await
     }
-    async fn put(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    pub(crate) async fn put(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
         self.call(reqwest::Method::PUT, path, Some(token), Some(body))
             .await
     }
