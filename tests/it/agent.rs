@@ -107,6 +107,20 @@ fn agent_config(
     advertise: Option<&str>,
     clock: &Clock,
 ) -> PathBuf {
+    agent_config_with(dir, site, planner, token, advertise, clock, 1, "")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn agent_config_with(
+    dir: &Path,
+    site: &str,
+    planner: &str,
+    token: &str,
+    advertise: Option<&str>,
+    clock: &Clock,
+    gpus: u32,
+    extra: &str,
+) -> PathBuf {
     let work = dir.join(format!("agent-{site}"));
     let advertise = advertise
         .map(|u| format!("advertise_url = \"{u}\"\n"))
@@ -121,12 +135,12 @@ poll_seconds = 0.25
 heartbeat_seconds = 1
 checkpoint_timeout_seconds = 20
 chunk_bytes = 262144
-
+{extra}
 [gpus]
 backend = "simulated"
 [[gpus.simulated]]
 model = "H100"
-count = 1
+count = {gpus}
 min_limit_w = 200
 max_limit_w = 700
 
@@ -438,4 +452,294 @@ async fn a_cut_connection_resumes_and_a_corrupted_chunk_is_sent_again() {
         "{done}"
     );
     assert!(detail["chunks_resent"].as_u64().unwrap() >= 1, "{done}");
+}
+
+/// One site `a` with `gpus` H100s, clean all day, and jobs `(id, release hour, deadline hour,
+/// work hours, workload steps)` running the workload; returns the plan.
+async fn one_site(
+    api: &Api,
+    admin: &str,
+    hour: DateTime<Utc>,
+    gpus: u32,
+    jobs: &[(&str, i64, i64, f64, u64)],
+    dir: &Path,
+) -> Value {
+    let model = json!({ "power_levels_w": [700, 400], "throughput": [1.0, 0.8], "idle_w": 50 });
+    assert_eq!(
+        api.put("/v1/gpu-models/H100", admin, model).await.0,
+        StatusCode::OK
+    );
+    let site = json!({ "zone": "Z", "gpus": { "H100": gpus }, "pue": 1.1, "wan_gbps": 10 });
+    assert_eq!(api.put("/v1/sites/a", admin, site).await.0, StatusCode::OK);
+    let mut csv = String::from(
+        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
+    );
+    for h in -1..26 {
+        csv.push_str(&format!(
+            "{},{},a,0,100,average,50\n",
+            (hour - Duration::hours(2)).to_rfc3339(),
+            (hour + Duration::hours(h)).to_rfc3339()
+        ));
+    }
+    let response = api
+        .http
+        .post(format!("{}/v1/forecasts", api.base))
+        .bearer_auth(admin)
+        .header("X-Windfall-Source", "test")
+        .body(csv)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    for (id, release_h, deadline_h, work_h, steps) in jobs {
+        let job_dir = dir.join(id);
+        std::fs::create_dir_all(&job_dir).unwrap();
+        let command = format!(
+            "{WORKLOAD} --steps {steps} --step-ms 100 --state-kib 16 --out {} --log {}",
+            job_dir.join("result.txt").display(),
+            job_dir.join("runs.log").display()
+        );
+        let job = json!({ "id": id, "gpus": 1, "work_hours": work_h, "home_site": "a",
+            "command": command, "release_utc": (hour + Duration::hours(*release_h)).to_rfc3339(),
+            "deadline_utc": (hour + Duration::hours(*deadline_h)).to_rfc3339() });
+        let (status, body) = api.post("/v1/jobs", admin, job).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (status, body) = api.post("/v1/plans", admin, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    api.get("/v1/plans/latest", Some(admin)).await.1
+}
+
+async fn wait_for_state(api: &Api, admin: &str, job: &str, state: &str, limit_s: u64) {
+    let started = Instant::now();
+    loop {
+        let (_, body) = api.get(&format!("/v1/jobs/{job}"), Some(admin)).await;
+        if body["state"] == state {
+            return;
+        }
+        assert!(
+            started.elapsed() < StdDuration::from_secs(limit_s),
+            "job {job} never reached {state}: {body}"
+        );
+        tokio::time::sleep(StdDuration::from_millis(200)).await;
+    }
+}
+
+fn kill_job(work: &Path, job: &str) {
+    if let Ok(pid) = std::fs::read_to_string(work.join("jobs").join(job).join("pid")) {
+        let _ = Command::new("sh")
+            .args(["-c", &format!("kill -KILL -{}", pid.trim())])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_lease_the_agent_starts_nothing_and_keeps_running_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("planner.db").display());
+    let admin = token(&db, "admin", "root", None);
+    let server = Server::start_with(&db, &["--lease-seconds", "2"]);
+    let api = Api::new(&server.url);
+    let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
+    // `first` fills the only GPU in hour 0; `second` is released at hour 1.
+    let plan = one_site(
+        &api,
+        &admin,
+        hour,
+        1,
+        &[("first", 0, 1, 1.0, 400), ("second", 1, 2, 1.0, 50)],
+        dir.path(),
+    )
+    .await;
+    let slots: Vec<(String, u64)> = plan["plan"]["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["job"].as_str().unwrap().to_string(),
+                a["slot"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(slots.contains(&("second".to_string(), 1)), "{plan}");
+    let token_a = token(&db, "agent", "agent-a", Some("a"));
+    let clock = Clock {
+        plan_start: hour,
+        wall_start: Utc::now() + Duration::milliseconds(1500),
+        speedup: 360.0,
+    };
+    let config = agent_config(dir.path(), "a", &server.url, &token_a, None, &clock);
+    let _agent = AgentProcess::start(&config);
+    wait_for_state(&api, &admin, "first", "running", 30).await;
+    // The planner goes away; the 2 s lease runs out long before hour 1 starts (10 s of wall).
+    drop(server);
+    let hour_one = clock.wall_start + Duration::seconds(10);
+    let wait = (hour_one - Utc::now()).to_std().unwrap_or_default() + StdDuration::from_secs(3);
+    tokio::time::sleep(wait).await;
+    let work = dir.path().join("agent-a");
+    assert!(
+        !work.join("jobs/second").exists(),
+        "a job was started without a valid lease"
+    );
+    assert!(
+        !dir.path().join("first/runs.log").exists(),
+        "the running job was checkpointed or ended without a valid lease"
+    );
+    assert!(!work.join("jobs/first/exit_code").exists());
+    kill_job(&work, "first");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_agent_adopts_its_running_job_and_the_budget_clamps_caps() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("planner.db").display());
+    let admin = token(&db, "admin", "root", None);
+    let server = Server::start(&db);
+    let api = Api::new(&server.url);
+    let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
+    one_site(
+        &api,
+        &admin,
+        hour,
+        2,
+        &[("x", 0, 1, 1.0, 40), ("y", 0, 1, 1.0, 40)],
+        dir.path(),
+    )
+    .await;
+    let token_a = token(&db, "agent", "agent-a", Some("a"));
+    let clock = Clock {
+        plan_start: hour,
+        wall_start: Utc::now() + Duration::milliseconds(500),
+        speedup: 360.0,
+    };
+    // Two 700 W jobs against a 1,000 W budget: the second gets what is left.
+    let config = agent_config_with(
+        dir.path(),
+        "a",
+        &server.url,
+        &token_a,
+        None,
+        &clock,
+        2,
+        "gpu_power_budget_w = 1000\n",
+    );
+    let agent = AgentProcess::start(&config);
+    wait_for_state(&api, &admin, "x", "running", 30).await;
+    wait_for_state(&api, &admin, "y", "running", 30).await;
+    // Killed outright, then started again while the jobs run.
+    let _ = Command::new("sh")
+        .args(["-c", &format!("kill -KILL {}", agent.child.id())])
+        .status();
+    drop(agent);
+    let _agent = AgentProcess::start(&config);
+    wait_for_state(&api, &admin, "x", "done", 60).await;
+    wait_for_state(&api, &admin, "y", "done", 60).await;
+    for job in ["x", "y"] {
+        // One run from step 0 to the end: adopted, not started twice.
+        let log = std::fs::read_to_string(dir.path().join(job).join("runs.log")).unwrap();
+        assert_eq!(log.trim(), "0 40 done", "job {job}: {log}");
+        let (_, events) = api
+            .get(&format!("/v1/jobs/{job}/events"), Some(&admin))
+            .await;
+        let kinds = events_of(&events);
+        let starts = kinds.iter().filter(|(_, k)| k == "job_started").count();
+        assert_eq!(starts, 1, "{kinds:?}");
+    }
+    let mut applied = Vec::new();
+    for job in ["x", "y"] {
+        let (_, events) = api
+            .get(&format!("/v1/jobs/{job}/events"), Some(&admin))
+            .await;
+        let caps = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "power_caps")
+            .unwrap()
+            .clone();
+        applied.push(caps["detail"]["caps"][0]["applied_w"].as_u64().unwrap());
+    }
+    applied.sort_unstable();
+    assert_eq!(applied.iter().sum::<u64>(), 1000, "{applied:?}");
+    assert!(applied[0] >= 200, "{applied:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_refuse_transfers_without_a_valid_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("planner.db").display());
+    let admin = token(&db, "admin", "root", None);
+    let server = Server::start(&db);
+    let api = Api::new(&server.url);
+    let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
+    plan_a_move(&api, &admin, hour, "true").await;
+    let token_a = token(&db, "agent", "agent-a", Some("a"));
+    let token_b = token(&db, "agent", "agent-b", Some("b"));
+    // Far in the plan's past: the agent serves transfers but starts nothing.
+    let clock = Clock {
+        plan_start: hour - Duration::days(1),
+        wall_start: Utc::now(),
+        speedup: 1.0,
+    };
+    let config_b = agent_config(dir.path(), "b", &server.url, &token_b, None, &clock);
+    let agent_b = AgentProcess::start(&config_b);
+    let b = format!("http://{}", agent_b.addr);
+    let http = reqwest::Client::new();
+    let put = |token: Option<String>, job: &str| {
+        let mut request = http
+            .put(format!("{b}/v1/transfers/{job}/chunks?offset=0"))
+            .header("x-windfall-chunk-sha256", "00")
+            .body("x");
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        request.send()
+    };
+    assert_eq!(
+        put(None, "j").await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        put(Some("wf_0000_forged".into()), "j")
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    // Only the source site's agent gets a grant, once the destination reported its address.
+    let planner = Api::new(&server.url);
+    let mut grant = Value::Null;
+    for _ in 0..50 {
+        let (status, body) = planner
+            .post("/v1/sites/a/migrations/j/token", &token_a, json!({}))
+            .await;
+        if status == StatusCode::OK {
+            grant = body;
+            break;
+        }
+        tokio::time::sleep(StdDuration::from_millis(100)).await;
+    }
+    assert_eq!(grant["to"], "b", "{grant}");
+    assert_eq!(
+        planner
+            .post("/v1/sites/b/migrations/j/token", &token_a, json!({}))
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    let token = grant["token"].as_str().unwrap().to_string();
+    // Valid, but for job `j` only; a good token with a bad chunk hash is refused as data.
+    let status = put(Some(token.clone()), "other").await.unwrap().status();
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let status = put(Some(token.clone()), "j").await.unwrap().status();
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let status = http
+        .get(format!("{b}/v1/transfers/j"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, StatusCode::OK);
 }

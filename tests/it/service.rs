@@ -104,6 +104,11 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(db: &str) -> Server {
+        Server::start_with(db, &[])
+    }
+
+    /// `windfall serve` with `extra` arguments.
+    pub(crate) fn start_with(db: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
             .args([
                 "serve",
@@ -116,6 +121,7 @@ impl Server {
                 "--time-limit",
                 "3",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
