@@ -743,3 +743,81 @@ async fn agents_refuse_transfers_without_a_valid_token() {
         .status();
     assert_eq!(status, StatusCode::OK);
 }
+
+/// The Slurm executor against a real single-node Slurm (`scripts/slurm-local start`, which
+/// `.ci/run` runs and which sets `WINDFALL_TEST_SLURM=1`): submit, checkpoint with
+/// `scancel --batch --signal`, resubmit from the checkpoint, same result as an uninterrupted run.
+#[test]
+fn the_slurm_executor_checkpoints_and_resumes_a_job() {
+    use windfall::agent::executor::{Executor, JobSpec, JobStatus, SlurmExecutor};
+    if std::env::var_os("WINDFALL_TEST_SLURM").is_none() {
+        eprintln!("skipped: set WINDFALL_TEST_SLURM=1 with Slurm running (scripts/slurm-local)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job_dir = dir.path().join("jobs/s");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let command = format!(
+        "{WORKLOAD} --steps 60 --step-ms 100 --state-kib 64 --out {} --log {}",
+        dir.path().join("result.txt").display(),
+        dir.path().join("runs.log").display()
+    );
+    let mut slurm = SlurmExecutor::new("USR1", None);
+    let mut spec = JobSpec {
+        job: "s".into(),
+        command,
+        gpus: vec![],
+        dir: job_dir.clone(),
+        resume_from: None,
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !done() {
+            assert!(started.elapsed() < StdDuration::from_secs(60), "{what}");
+            std::thread::sleep(StdDuration::from_millis(100));
+        }
+    };
+    slurm.start(&spec).unwrap();
+    let output = job_dir.join("output.log");
+    wait_for("the job never started", &|| {
+        std::fs::read_to_string(&output).is_ok_and(|t| t.contains("step 0 of 60"))
+    });
+    std::thread::sleep(StdDuration::from_millis(1500));
+    slurm.request_checkpoint("s", &job_dir).unwrap();
+    let marker = job_dir.join("checkpoint/.windfall-checkpoint-complete");
+    wait_for("no checkpoint", &|| marker.exists());
+    wait_for("the batch script did not end", &|| {
+        job_dir.join("exit_code").exists()
+    });
+    assert_eq!(slurm.status("s", &job_dir).unwrap(), JobStatus::Exited(0));
+    std::fs::rename(job_dir.join("checkpoint"), job_dir.join("resume")).unwrap();
+    spec.resume_from = Some(job_dir.join("resume"));
+    slurm.start(&spec).unwrap();
+    let result = dir.path().join("result.txt");
+    wait_for("the resumed job never finished", &|| result.exists());
+    let reference = Command::new(WORKLOAD)
+        .args([
+            "--steps",
+            "60",
+            "--step-ms",
+            "0",
+            "--state-kib",
+            "64",
+            "--out",
+        ])
+        .arg(dir.path().join("reference.txt"))
+        .env_remove("WINDFALL_RESUME_FROM")
+        .status()
+        .unwrap();
+    assert!(reference.success());
+    assert_eq!(
+        std::fs::read_to_string(result).unwrap(),
+        std::fs::read_to_string(dir.path().join("reference.txt")).unwrap()
+    );
+    let log = std::fs::read_to_string(dir.path().join("runs.log")).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    let at: u64 = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
+    assert!(at > 0 && at < 60, "{log}");
+    assert_eq!(lines[1], format!("{at} 60 done"));
+}
