@@ -82,6 +82,9 @@ pub struct AgentConfig {
     pub executor: ExecutorConfig,
     /// GPU backend.
     pub gpus: GpuConfig,
+    /// HTTPS for the checkpoint endpoint and trust for other agents' certificates.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
     /// Replay clock for demos and tests: plan time runs `speedup` times faster than wall time
     /// from `plan_start_utc` at `wall_start_utc`. Absent in production: plan time is wall time.
     #[serde(default)]
@@ -161,6 +164,87 @@ pub enum GpuBackend {
     Simulated,
 }
 
+/// `[tls]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain (PEM) the checkpoint endpoint presents; with `key_pem` it serves HTTPS.
+    #[serde(default)]
+    pub cert_pem: Option<PathBuf>,
+    /// Private key (PEM) of `cert_pem`.
+    #[serde(default)]
+    pub key_pem: Option<PathBuf>,
+    /// Extra CA certificates (PEM) trusted for other agents and the planner.
+    #[serde(default)]
+    pub ca_pem: Option<PathBuf>,
+}
+
+/// A reqwest client that also trusts `ca_pem`'s certificates.
+pub fn http_client(ca_pem: Option<&Path>, timeout: StdDuration) -> Result<reqwest::Client> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(StdDuration::from_secs(10))
+        .timeout(timeout);
+    if let Some(path) = ca_pem {
+        let pem = fs::read(path)
+            .with_context(|| format!("reading CA certificates {}", path.display()))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{}: not PEM certificates", path.display()))?
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().context("building the HTTP client")
+}
+
+/// Serves `app` over TLS on `listener` with the certificate and key of `tls`.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    cert: &Path,
+    key: &Path,
+) -> Result<()> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<std::result::Result<Vec<_>, _>>())
+        .with_context(|| format!("reading the certificate chain {}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the private key {}", key.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS protocol versions")?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .context("the certificate and key do not form a usable pair")?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, peer)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(tcp).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!("TLS handshake with {peer} failed: {e}");
+                        return;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}
+
 /// `[clock]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -209,6 +293,11 @@ impl AgentConfig {
         }
         if self.gpus.backend == GpuBackend::Simulated && self.gpus.simulated.is_empty() {
             bail!("gpus.backend = \"simulated\" needs at least one [[gpus.simulated]] entry");
+        }
+        if let Some(t) = &self.tls
+            && t.cert_pem.is_some() != t.key_pem.is_some()
+        {
+            bail!("tls: give both cert_pem and key_pem to serve HTTPS, or neither");
         }
         if let Some(c) = &self.clock
             && !(c.speedup.is_finite() && c.speedup > 0.0)
@@ -269,6 +358,20 @@ pub struct AgentState {
     pub jobs: BTreeMap<String, LocalJob>,
     /// Jobs reported finished or failed here: never started again.
     pub finished: BTreeSet<String>,
+    /// Events not yet accepted by the planner, oldest first; sent before any newer one.
+    #[serde(default)]
+    pub outbox: Vec<PendingEvent>,
+}
+
+/// An event waiting for the planner.
+#[derive(Clone, Debug, Deserialize, PartialEq, Serialize)]
+pub struct PendingEvent {
+    /// Event kind.
+    pub kind: String,
+    /// The job.
+    pub job: Option<String>,
+    /// Details, with the agent's time of the event.
+    pub detail: Value,
 }
 
 impl AgentState {
@@ -341,7 +444,8 @@ impl Agent {
         fs::create_dir_all(config.work_dir.join("jobs"))
             .with_context(|| format!("creating {}", config.work_dir.display()))?;
         let token = config.token.clone().unwrap_or_default();
-        let planner = PlannerLink::new(&config.planner_url, &token, &config.site)?;
+        let ca = config.tls.as_ref().and_then(|t| t.ca_pem.as_deref());
+        let planner = PlannerLink::new(&config.planner_url, &token, &config.site, ca)?;
         let gpus = gpu_backend(&config.gpus, config.dry_run)?;
         let signal = executor::signal_number(&config.checkpoint_signal)
             .context("unknown checkpoint signal")?;
@@ -354,11 +458,7 @@ impl Agent {
         };
         let state = AgentState::load(&config.work_dir)?;
         let (sent_tx, sent_rx) = mpsc::unbounded_channel();
-        let http = reqwest::Client::builder()
-            .connect_timeout(StdDuration::from_secs(10))
-            .timeout(StdDuration::from_secs(120))
-            .build()
-            .context("building the HTTP client")?;
+        let http = http_client(ca, StdDuration::from_secs(120))?;
         Ok(Agent {
             config,
             planner,
@@ -385,9 +485,61 @@ impl Agent {
         }
     }
 
-    async fn event(&self, kind: &str, job: Option<&str>, detail: Value) {
-        if let Err(e) = self.planner.event(kind, job, detail).await {
-            tracing::warn!("{e:#}");
+    /// Reports an event. Progress is best effort; every other event is kept in the persisted
+    /// outbox until the planner accepts it, so a planner outage loses no job state change.
+    async fn event(&mut self, kind: &str, job: Option<&str>, mut detail: Value) {
+        if kind == "progress" {
+            if let Err(e) = self.planner.event(kind, job, detail).await {
+                tracing::debug!("{e:#}");
+            }
+            return;
+        }
+        if let Value::Object(map) = &mut detail {
+            map.insert("agent_time_utc".into(), json!(Utc::now()));
+        }
+        self.state.outbox.push(PendingEvent {
+            kind: kind.to_string(),
+            job: job.map(str::to_string),
+            detail,
+        });
+        self.save();
+        self.flush_events().await;
+    }
+
+    /// Sends queued events in order until one fails.
+    async fn flush_events(&mut self) {
+        let mut sent = 0;
+        for pending in &self.state.outbox {
+            match self
+                .planner
+                .event(
+                    &pending.kind,
+                    pending.job.as_deref(),
+                    pending.detail.clone(),
+                )
+                .await
+            {
+                Ok(()) => sent += 1,
+                Err(e) => {
+                    let message = format!(
+                        "{e:#}; {} event(s) kept for later",
+                        self.state.outbox.len() - sent
+                    );
+                    if self.said.insert("outbox".into()) {
+                        tracing::warn!("{message}");
+                    } else {
+                        tracing::debug!("{message}");
+                    }
+                    break;
+                }
+            }
+        }
+        if sent > 0 {
+            self.state.outbox.drain(..sent);
+            if self.state.outbox.is_empty() {
+                self.said.remove("outbox");
+            }
+            self.save();
         }
     }
 
@@ -408,21 +560,32 @@ impl Agent {
             .await
             .with_context(|| format!("binding {}", self.config.listen))?;
         let bound = listener.local_addr()?;
+        let tls = self
+            .config
+            .tls
+            .as_ref()
+            .and_then(|t| t.cert_pem.clone().zip(t.key_pem.clone()));
+        let scheme = if tls.is_some() { "https" } else { "http" };
         self.agent_url = self
             .config
             .advertise_url
             .clone()
-            .unwrap_or_else(|| format!("http://{bound}"));
+            .unwrap_or_else(|| format!("{scheme}://{bound}"));
+        let app = transfer::router(receiver);
+        match &tls {
+            Some((cert, key)) => serve_tls(listener, app, cert, key).await?,
+            None => {
+                tokio::spawn(async move {
+                    if let Err(e) = axum::serve(listener, app).await {
+                        tracing::error!("checkpoint endpoint stopped: {e}");
+                    }
+                });
+            }
+        }
         println!(
-            "windfall agent for site {} listening on http://{bound}",
+            "windfall agent for site {} listening on {scheme}://{bound}",
             self.config.site
         );
-        let app = transfer::router(receiver);
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("checkpoint endpoint stopped: {e}");
-            }
-        });
         tracing::info!(
             site = self.config.site,
             gpus = self.gpus.name(),
@@ -481,7 +644,11 @@ impl Agent {
             .heartbeat(&json!(inventory), &self.agent_url, detail)
             .await
         {
-            tracing::warn!("{e:#}");
+            if self.said.contains("planner down") {
+                tracing::debug!("{e:#}");
+            } else {
+                tracing::warn!("{e:#}");
+            }
         }
     }
 
@@ -493,10 +660,25 @@ impl Agent {
             .directives(now - lookahead, now + lookahead)
             .await
         {
-            Ok(d) => self.directives = Some(d),
+            Ok(d) => {
+                if self.said.remove("planner down") {
+                    tracing::info!("the planner answers again");
+                }
+                self.directives = Some(d);
+                if !self.state.outbox.is_empty() {
+                    self.flush_events().await;
+                }
+            }
             Err(e) => {
                 let lease = self.directives.as_ref().map(|d| d.lease_until_utc);
-                tracing::warn!("{e:#}; acting on the last directives (lease until {lease:?})");
+                let message = format!(
+                    "{e:#}; acting on the last directives (lease until {lease:?}) and retrying"
+                );
+                if self.said.insert("planner down".into()) {
+                    tracing::warn!("{message}");
+                } else {
+                    tracing::debug!("{message}");
+                }
             }
         }
     }
@@ -604,6 +786,7 @@ impl Agent {
                             continue;
                         }
                     }
+                    self.report_progress(&job).await;
                     if runs.contains_key(&job) || !lease {
                         if let Some(run) = runs.get(&job) {
                             self.recap(&job, run).await;
@@ -707,6 +890,24 @@ impl Agent {
             }
             self.start(&job, &run, now).await;
         }
+    }
+
+    /// Reports the job's own progress line (`$WINDFALL_JOB_DIR/progress`) when it changed.
+    async fn report_progress(&mut self, job: &str) {
+        let path = self.job_dir(job).join("progress");
+        let Ok(text) = fs::read_to_string(&path) else {
+            return;
+        };
+        let text = text.trim().to_string();
+        let key = format!("progress {job} {text}");
+        if text.is_empty() || self.said.contains(&key) {
+            return;
+        }
+        self.said
+            .retain(|k| !k.starts_with(&format!("progress {job} ")));
+        self.said.insert(key);
+        self.event("progress", Some(job), json!({ "progress": text }))
+            .await;
     }
 
     fn migration_out(&self, job: &str, now: DateTime<Utc>) -> bool {

@@ -92,13 +92,14 @@ pub struct PlannerLink {
 
 impl PlannerLink {
     /// A client for `base` acting for `site` with `token`.
-    pub fn new(base: &str, token: &str, site: &str) -> Result<PlannerLink> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(StdDuration::from_secs(30))
-            .connect_timeout(StdDuration::from_secs(10))
-            .build()
-            .context("building the HTTP client")?;
+    /// `ca_pem` adds trusted CA certificates (for a planner behind a private CA).
+    pub fn new(
+        base: &str,
+        token: &str,
+        site: &str,
+        ca_pem: Option<&std::path::Path>,
+    ) -> Result<PlannerLink> {
+        let http = super::http_client(ca_pem, StdDuration::from_secs(30))?;
         Ok(PlannerLink {
             http,
             base: base.trim_end_matches('/').to_string(),

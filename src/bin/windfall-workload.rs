@@ -10,6 +10,7 @@
 //! windfall-workload --steps 200 --step-ms 50 --state-kib 512 --out result.txt [--log runs.log]
 //! ```
 //! The result file holds the final digest; the log gets one line per run: `from TO reason`.
+//! Every 10 steps it writes `step/steps` to `$WINDFALL_JOB_DIR/progress` when that is set.
 
 use std::fs;
 use std::io::Write;
@@ -150,6 +151,17 @@ fn log_run(log: &Option<PathBuf>, from: u64, to: u64, reason: &str) {
     }
 }
 
+/// Writes `step/steps` to `$WINDFALL_JOB_DIR/progress`, which the agent reports.
+fn report_progress(step: u64, steps: u64) {
+    if let Some(dir) = std::env::var_os("WINDFALL_JOB_DIR") {
+        let dir = Path::new(&dir);
+        let tmp = dir.join("progress.tmp");
+        if fs::write(&tmp, format!("{step}/{steps}")).is_ok() {
+            let _ = fs::rename(tmp, dir.join("progress"));
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -197,6 +209,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         state.advance();
+        if state.step % 10 == 0 {
+            report_progress(state.step, args.steps);
+        }
         std::thread::sleep(Duration::from_millis(args.step_ms));
     }
     if let Err(e) = fs::write(&args.out, state.result()) {

@@ -76,7 +76,7 @@ impl AgentProcess {
             .unwrap();
         let addr = line
             .trim()
-            .rsplit("http://")
+            .rsplit("://")
             .next()
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("the agent names its address: {line}"));
@@ -303,8 +303,77 @@ fn events_of(events: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Runs the whole move; returns the job's events.
-async fn run_move(faults: Option<Faults>) -> Value {
+/// A test CA and a certificate it signed for 127.0.0.1, from the openssl command:
+/// (CA certificate, agent certificate, agent key).
+fn test_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl is installed");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=windfall test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=windfall test agent",
+        "-keyout",
+        "agent.key",
+        "-out",
+        "agent.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "agent.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "agent.crt",
+    ]);
+    (
+        dir.join("ca.crt"),
+        dir.join("agent.crt"),
+        dir.join("agent.key"),
+    )
+}
+
+/// Runs the whole move; returns the job's events. With `tls`, site b serves HTTPS with a
+/// certificate from a test CA that site a is configured to trust.
+async fn run_move(faults: Option<Faults>, tls: bool) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("planner.db").display());
     let admin = token(&db, "admin", "root", None);
@@ -339,14 +408,38 @@ async fn run_move(faults: Option<Faults>) -> Value {
         }
         None => None,
     };
-    let config_a = agent_config(dir.path(), "a", &server.url, &token_a, None, &clock);
-    let config_b = agent_config(
+    let (tls_a, tls_b) = if tls {
+        let (ca, cert, key) = test_certificates(dir.path());
+        (
+            format!("[tls]\nca_pem = \"{}\"\n", ca.display()),
+            format!(
+                "[tls]\ncert_pem = \"{}\"\nkey_pem = \"{}\"\n",
+                cert.display(),
+                key.display()
+            ),
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    let config_a = agent_config_with(
+        dir.path(),
+        "a",
+        &server.url,
+        &token_a,
+        None,
+        &clock,
+        1,
+        &tls_a,
+    );
+    let config_b = agent_config_with(
         dir.path(),
         "b",
         &server.url,
         &token_b,
         advertise.as_deref(),
         &clock,
+        1,
+        &tls_b,
     );
     let _agent_a = AgentProcess::start(&config_a);
     let agent_b = AgentProcess::start(&config_b);
@@ -401,6 +494,10 @@ async fn run_move(faults: Option<Faults>) -> Value {
     assert!(position("b", "migration_received") < position("a", "migration_done"));
     assert!(position("b", "migration_received") < position("b", "job_started"));
     assert!(position("b", "job_started") < position("b", "job_finished"));
+    assert!(
+        kinds.iter().any(|(_, k)| k == "progress"),
+        "the workload's progress is reported: {kinds:?}"
+    );
     let started_at_b = events["events"]
         .as_array()
         .unwrap()
@@ -427,18 +524,27 @@ async fn run_move(faults: Option<Faults>) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_moves_between_agents_and_ends_as_an_uninterrupted_run() {
-    run_move(None).await;
+    run_move(None, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_moves_over_tls() {
+    let events = run_move(None, true).await;
+    assert!(events.to_string().contains("migration_done"), "{events}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_connection_resumes_and_a_corrupted_chunk_is_sent_again() {
     // The archive is about 2 MiB in 256 KiB chunks: cut the link inside the third chunk, then
     // flip one byte inside the sixth.
-    let events = run_move(Some(Faults {
-        cut_at: Some(600_000),
-        flip_at: Some(1_400_000),
-        ..Faults::default()
-    }))
+    let events = run_move(
+        Some(Faults {
+            cut_at: Some(600_000),
+            flip_at: Some(1_400_000),
+            ..Faults::default()
+        }),
+        false,
+    )
     .await;
     let done = events["events"]
         .as_array()
@@ -534,20 +640,31 @@ fn kill_job(work: &Path, job: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn past_the_lease_the_agent_starts_nothing_and_keeps_running_jobs() {
+async fn past_the_lease_the_agent_starts_nothing_keeps_running_jobs_and_loses_no_event() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("planner.db").display());
     let admin = token(&db, "admin", "root", None);
-    let server = Server::start_with(&db, &["--lease-seconds", "2"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let server_args = ["--lease-seconds", "2", "--listen", listen.as_str()];
+    let server = Server::start_with(&db, &server_args);
     let api = Api::new(&server.url);
     let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
-    // `first` fills the only GPU in hour 0; `second` is released at hour 1.
+    // `first` (long) and `quick` fill both GPUs in hour 0; `second` is released at hour 1.
     let plan = one_site(
         &api,
         &admin,
         hour,
-        1,
-        &[("first", 0, 1, 1.0, 400), ("second", 1, 2, 1.0, 50)],
+        2,
+        &[
+            ("first", 0, 1, 1.0, 400),
+            ("quick", 0, 1, 1.0, 50),
+            ("second", 1, 2, 1.0, 50),
+        ],
         dir.path(),
     )
     .await;
@@ -569,9 +686,10 @@ async fn past_the_lease_the_agent_starts_nothing_and_keeps_running_jobs() {
         wall_start: Utc::now() + Duration::milliseconds(1500),
         speedup: 360.0,
     };
-    let config = agent_config(dir.path(), "a", &server.url, &token_a, None, &clock);
+    let config = agent_config_with(dir.path(), "a", &server.url, &token_a, None, &clock, 2, "");
     let _agent = AgentProcess::start(&config);
     wait_for_state(&api, &admin, "first", "running", 30).await;
+    wait_for_state(&api, &admin, "quick", "running", 30).await;
     // The planner goes away; the 2 s lease runs out long before hour 1 starts (10 s of wall).
     drop(server);
     let hour_one = clock.wall_start + Duration::seconds(10);
@@ -587,6 +705,12 @@ async fn past_the_lease_the_agent_starts_nothing_and_keeps_running_jobs() {
         "the running job was checkpointed or ended without a valid lease"
     );
     assert!(!work.join("jobs/first/exit_code").exists());
+    // `quick` finished while the planner was away; its event waited in the outbox.
+    let quick = std::fs::read_to_string(dir.path().join("quick/runs.log")).unwrap();
+    assert_eq!(quick.trim(), "0 50 done");
+    let server = Server::start_with(&db, &server_args);
+    let api = Api::new(&server.url);
+    wait_for_state(&api, &admin, "quick", "done", 30).await;
     kill_job(&work, "first");
 }
 

@@ -109,18 +109,15 @@ impl Server {
 
     /// `windfall serve` with `extra` arguments.
     pub(crate) fn start_with(db: &str, extra: &[&str]) -> Server {
+        let listen = if extra.contains(&"--listen") {
+            &[][..]
+        } else {
+            &["--listen", "127.0.0.1:0"][..]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_windfall"))
-            .args([
-                "serve",
-                "--db",
-                db,
-                "--listen",
-                "127.0.0.1:0",
-                "--slots",
-                "24",
-                "--time-limit",
-                "3",
-            ])
+            .args(["serve", "--db", db])
+            .args(listen)
+            .args(["--slots", "24", "--time-limit", "3"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
