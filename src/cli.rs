@@ -29,6 +29,21 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `windfall report --format`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ReportFormat {
+    Md,
+    Csv,
+    Json,
+}
+
+/// An RFC 3339 time with an offset, in UTC; the error names the flag.
+pub fn utc_arg(flag: &str, text: &str) -> Result<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .with_context(|| format!("{flag} `{text}` is not an RFC 3339 time with an offset"))
+}
+
 /// `windfall solve --method`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum MethodArg {
@@ -286,6 +301,21 @@ pub enum Command {
         /// Log the power caps it would set and change none (overrides the file).
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Emissions and energy by site, user and day over a period, against the run-now baseline,
+    /// with the method stated. Each slot comes from the plan in force when it began.
+    Report {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Start of the period (RFC 3339 with an offset).
+        #[arg(long)]
+        from: String,
+        /// End of the period (RFC 3339 with an offset).
+        #[arg(long)]
+        to: String,
+        /// md, csv or json.
+        #[arg(long, default_value = "md")]
+        format: ReportFormat,
     },
     /// One planning cycle, for cron: read sites, forecasts and the queue, solve, store the plan
     /// in one transaction, print a summary. Exits 0 on success, 2 with a message on failure or
@@ -607,6 +637,32 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                     .with_lease_s(lease_seconds);
                 crate::server::serve(state, listen).await
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report {
+            db,
+            from,
+            to,
+            format,
+        } => {
+            let (from, to) = (utc_arg("--from", &from)?, utc_arg("--to", &to)?);
+            let runtime = runtime()?;
+            let report = runtime.block_on(async {
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                let report = crate::period::PeriodReport::build(&store, from, to).await;
+                store.close().await;
+                report
+            })?;
+            print!(
+                "{}",
+                match format {
+                    ReportFormat::Md => report.markdown(),
+                    ReportFormat::Csv => report.csv(),
+                    ReportFormat::Json => report.json() + "\n",
+                }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Agent { dry_run } => {

@@ -9,6 +9,8 @@
 //! - `db`: the only module that knows SQL;
 //! - `fleet`: fleet files, bundled samples, and assembling a solver instance from the store;
 //! - `report`: terminal summary and HTML report;
+//! - `period`: `windfall report`, emissions and energy by site, user and day over a period;
+//! - `dashboard`: the web dashboard `windfall serve` hosts at `/`;
 //! - `demo`: `windfall demo`;
 //! - `auth`: API tokens and roles;
 //! - `planning`: one planning cycle (`windfall plan`, `POST /v1/plans`) under the planning lock;
@@ -29,6 +31,7 @@ pub mod db;
 pub mod demo;
 pub mod fleet;
 pub mod model;
+pub mod period;
 pub mod planning;
 pub mod report;
 pub mod server;

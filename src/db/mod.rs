@@ -768,6 +768,31 @@ pub struct TransferToken {
     pub expires_utc: DateTime<Utc>,
 }
 
+/// A plan without its assignments: for history lists.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PlanSummary {
+    /// Plan id.
+    pub id: i64,
+    /// When it was made.
+    pub created_utc: DateTime<Utc>,
+    /// Start of slot 0.
+    pub horizon_start_utc: DateTime<Utc>,
+    /// Slot length.
+    pub slot_minutes: u32,
+    /// Number of slots.
+    pub slots: usize,
+    /// Solver metrics.
+    pub metrics: windfall_solver::Metrics,
+}
+
+impl PlanSummary {
+    /// End of the horizon.
+    pub fn horizon_end_utc(&self) -> DateTime<Utc> {
+        self.horizon_start_utc
+            + chrono::Duration::minutes(i64::from(self.slot_minutes)) * self.slots as i32
+    }
+}
+
 /// One agent event.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct EventRecord {
@@ -825,6 +850,32 @@ impl Store {
         .await
         .map_err(db("saving a token"))?;
         Ok(())
+    }
+
+    /// Every plan's id, creation time and horizon, newest first.
+    pub async fn plan_summaries(&self) -> Result<Vec<PlanSummary>> {
+        let rows = sqlx::query(
+            "SELECT id, created_utc, horizon_start_utc, slot_minutes, slots, metrics_json
+             FROM plans ORDER BY id DESC",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("listing plans"))?;
+        rows.iter()
+            .map(|row| {
+                let id: i64 = row.get(0);
+                let what = format!("plan {id}");
+                let metrics: String = row.get(5);
+                Ok(PlanSummary {
+                    id,
+                    created_utc: parse_time(&what, &row.get::<String, _>(1))?,
+                    horizon_start_utc: parse_time(&what, &row.get::<String, _>(2))?,
+                    slot_minutes: row.get::<i64, _>(3) as u32,
+                    slots: row.get::<i64, _>(4) as usize,
+                    metrics: serde_json::from_str(&metrics).map_err(|e| corrupt(&what, e))?,
+                })
+            })
+            .collect()
     }
 
     /// The holder of the token with this hash.
