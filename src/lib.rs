@@ -27,6 +27,7 @@ pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod dashboard;
 pub mod db;
 pub mod demo;
 pub mod fleet;

@@ -258,7 +258,7 @@ svg{{width:100%;height:auto;background:#fbfcfd;border:1px solid #e3e8ee;border-r
     }
 }
 
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -312,7 +312,7 @@ fn time_axis(figures: &PlanFigures, n: usize) -> String {
     svg
 }
 
-fn site_chart(
+pub(crate) fn site_chart(
     figures: &PlanFigures,
     site: &windfall_solver::Site,
     series: &windfall_solver::SiteSeries,

@@ -52,8 +52,8 @@ pub struct AppState {
 /// How long a verified token is trusted without asking the store again.
 const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
-struct CachedPlan {
-    plan: crate::model::PlanRecord,
+pub(crate) struct CachedPlan {
+    pub(crate) plan: crate::model::PlanRecord,
     /// Per job: its command and GPU count.
     commands: BTreeMap<String, (Option<String>, u32)>,
     /// Per site, the directives over the whole horizon as sent (the usual poll, without a range).
@@ -117,7 +117,7 @@ impl AppState {
     }
 
     /// The latest plan and its jobs' commands, read again only when a newer plan exists.
-    async fn latest_plan_cached(&self) -> ApiResult<Option<Arc<CachedPlan>>> {
+    pub(crate) async fn latest_plan_cached(&self) -> ApiResult<Option<Arc<CachedPlan>>> {
         let Some(id) = self.store.latest_plan_id().await? else {
             return Ok(None);
         };
@@ -149,7 +149,7 @@ impl AppState {
     }
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 /// An API error: status, message, and the request field at fault when there is one.
 #[derive(Debug)]
@@ -244,6 +244,14 @@ impl FromRequestParts<Shared> for Principal {
             .ok()
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        principal_for_token(state, token).await
+    }
+}
+
+/// The holder of `token`, from the cache (30 s) or the store.
+pub(crate) async fn principal_for_token(state: &Shared, token: &str) -> ApiResult<Principal> {
+    let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
+    {
         let hash = hash_token(token.trim());
         if let Ok(cache) = state.tokens.lock()
             && let Some((principal, at)) = cache.get(&hash)
@@ -289,6 +297,7 @@ fn require(principal: &Principal, roles: &[Role], what: &str) -> ApiResult<()> {
 /// Builds the router.
 pub fn router(state: Shared) -> Router {
     Router::new()
+        .merge(crate::dashboard::routes())
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
@@ -1345,6 +1354,15 @@ async fn plan_diff(
             json!({ "plan_id": id, "previous_plan_id": null, "jobs": [] }),
         ));
     };
+    Ok(Json(diff_plans(&plan, &previous)))
+}
+
+/// What changed from `previous` to `plan` over the overlap of their horizons: per job, whether it
+/// was added, dropped or kept, and each slot whose site, power or model changed.
+pub(crate) fn diff_plans(
+    plan: &crate::model::PlanRecord,
+    previous: &crate::model::PlanRecord,
+) -> Value {
     // Compare in UTC slot start times: the two plans' horizons may start at different slots.
     type Runs = BTreeMap<String, BTreeMap<DateTime<Utc>, (String, f64, Option<String>)>>;
     let runs = |p: &crate::model::PlanRecord| -> Runs {
@@ -1358,13 +1376,13 @@ async fn plan_diff(
         }
         out
     };
-    let (new, old) = (runs(&plan), runs(&previous));
+    let (new, old) = (runs(plan), runs(previous));
     // Only the overlap of the two horizons is comparable.
     let horizon_end = |p: &crate::model::PlanRecord| {
         p.horizon_start_utc + Duration::minutes(i64::from(p.slot_minutes)) * p.slots as i32
     };
     let from = plan.horizon_start_utc.max(previous.horizon_start_utc);
-    let to = horizon_end(&plan).min(horizon_end(&previous));
+    let to = horizon_end(plan).min(horizon_end(previous));
     let mut jobs: Vec<Value> = Vec::new();
     let ids: std::collections::BTreeSet<&String> = new.keys().chain(old.keys()).collect();
     let empty = BTreeMap::new();
@@ -1394,10 +1412,11 @@ async fn plan_diff(
             jobs.push(json!({ "job": job, "status": status, "changed_slots": changes }));
         }
     }
-    Ok(Json(json!({
-        "plan_id": id, "previous_plan_id": previous.id, "compared_from_utc": from,
+    json!({
+        "plan_id": plan.id, "previous_plan_id": previous.id, "compared_from_utc": from,
         "compared_to_utc": to, "jobs": jobs,
-    })))
+        "emissions_change_g": plan.metrics.emissions_g - previous.metrics.emissions_g,
+    })
 }
 
 async fn openapi() -> Json<Value> {
