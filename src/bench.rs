@@ -5,6 +5,7 @@
 //! (requests/s, latency percentiles, errors). Must only be pointed at a database made for it: it
 //! writes jobs, sites and tokens.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -269,4 +270,186 @@ pub async fn ingest(db_url: &str, rows: usize) -> Result<String> {
         stored as f64 / store_s,
         stored as f64 / (parse_s + store_s)
     ))
+}
+
+/// `windfall bench dashboard`: a plan of `jobs` jobs over four sites in an empty database, the
+/// dashboard served in-process on loopback, and the time to serve each page over HTTP (server
+/// render included); with `browser`, also each page's load time in headless Chromium.
+pub async fn dashboard(db_url: &str, jobs: usize, browser: bool) -> Result<String> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = Store::connect(db_url)
+        .await
+        .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
+    if !store.sites().await?.is_empty() {
+        bail!("the benchmark needs an empty database: it creates its own sites, jobs and plan");
+    }
+    let model = windfall_solver::GpuModel {
+        power_levels_w: vec![700.0, 400.0],
+        throughput: vec![1.0, 0.8],
+        speed: 1.0,
+        idle_w: 50.0,
+    };
+    store.upsert_gpu_model("H100", &model).await?;
+    let hour = chrono::DurationRound::duration_trunc(Utc::now(), chrono::Duration::hours(1))?;
+    let mut points = Vec::new();
+    for s in 0..4 {
+        let site = SiteConfig {
+            id: format!("site-{s}"),
+            zone: Some(format!("Z{s}")),
+            gpus: [("H100".to_string(), 1000)].into_iter().collect(),
+            pue: 1.2,
+            grid_limit_kw: None,
+            wan_gbps: 10.0,
+        };
+        store.upsert_site(&site, Utc::now()).await?;
+        for h in -1..26 {
+            let phase = (h as f64 + 6.0 * s as f64) / 24.0 * std::f64::consts::TAU;
+            points.push(windfall_forecasts::ForecastPoint {
+                issued_utc: hour - chrono::Duration::hours(2),
+                time_utc: hour + chrono::Duration::hours(h),
+                site: site.id.clone(),
+                surplus_kw: Some((200.0 * phase.sin()).max(0.0)),
+                carbon_g_per_kwh: Some(250.0 + 150.0 * phase.cos()),
+                carbon_signal: windfall_forecasts::CarbonSignal::Average,
+                price_usd_per_mwh: None,
+            });
+        }
+    }
+    store.insert_forecasts("bench", &points).await?;
+    let seeded = Instant::now();
+    for i in 0..jobs {
+        let i32_ = i as u32;
+        store
+            .insert_job(&crate::model::JobRecord {
+                id: format!("job-{i:05}"),
+                state: crate::model::JobState::Queued,
+                gpus: 1 + i32_ % 4,
+                gpu_models: Vec::new(),
+                work_hours: 1.0 + f64::from(i32_ % 4),
+                release_utc: hour,
+                deadline_utc: hour + chrono::Duration::hours(8 + i64::from(i32_ % 16)),
+                checkpoint_gb: 5.0,
+                save_s: 60.0,
+                restore_s: 120.0,
+                migratable: true,
+                home_site: format!("site-{}", i % 4),
+                current_site: None,
+                state_reason: None,
+                submitted_utc: hour,
+                owner: Some(format!("user-{:02}", i % 20)),
+                command: None,
+            })
+            .await?;
+    }
+    eprintln!(
+        "set-up: {jobs} jobs stored in {:.1} s",
+        seeded.elapsed().as_secs_f64()
+    );
+    let horizon = crate::fleet::Horizon {
+        start_utc: hour,
+        slot_minutes: 60,
+        slots: 24,
+    };
+    let (instance, provenance) = crate::fleet::build_instance(&store, horizon).await?;
+    let solving = Instant::now();
+    let options = windfall_solver::SolveOptions {
+        method: windfall_solver::Method::Heuristic,
+        ..windfall_solver::SolveOptions::default()
+    };
+    let to_solve = instance.clone();
+    let solution =
+        tokio::task::spawn_blocking(move || windfall_solver::solve(&to_solve, &options)).await?;
+    eprintln!(
+        "set-up: heuristic plan in {:.1} s, {} assignments",
+        solving.elapsed().as_secs_f64(),
+        solution.plan.assignments.len()
+    );
+    store
+        .save_plan(&crate::model::NewPlan {
+            created_utc: Utc::now(),
+            horizon_start_utc: hour,
+            slot_minutes: 60,
+            slots: 24,
+            metrics: solution.metrics.clone(),
+            provenance,
+            instance_json: instance.to_json(),
+            plan: solution.plan,
+        })
+        .await?;
+    let viewer = token(&store, Role::Viewer, "bench-viewer", None).await?;
+    let cycle = CycleConfig {
+        slots: 24,
+        slot_minutes: 60,
+        time_limit_s: 5.0,
+        lock_path: crate::planning::sqlite_lock_path(db_url),
+        change_penalty_g: 10.0,
+    };
+    let state = Arc::new(AppState::new(store, cycle));
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let app = crate::server::router(state);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let cookie = format!("windfall_session={viewer}");
+    let pages = [
+        "/",
+        "/sites/site-0",
+        "/jobs",
+        "/jobs?page=50",
+        "/jobs?user=user-07",
+        "/plans",
+        "/reports",
+    ];
+    let mut out = format!(
+        "dashboard with {jobs} jobs x 4 sites x 24 slots (heuristic plan)\n\
+         {:<22} {:>10} {:>10} {:>10} {:>10}\n",
+        "page", "min ms", "median ms", "max ms", "KiB"
+    );
+    for page in pages {
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..5 {
+            let sent = Instant::now();
+            let response = client
+                .get(format!("{base}{page}"))
+                .header(reqwest::header::COOKIE, &cookie)
+                .send()
+                .await?;
+            if !response.status().is_success() {
+                bail!("{page}: {}", response.status());
+            }
+            bytes = response.bytes().await?.len();
+            times.push(sent.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        let _ = writeln!(
+            out,
+            "{page:<22} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+            times[0],
+            times[times.len() / 2],
+            times[times.len() - 1],
+            bytes as f64 / 1024.0
+        );
+    }
+    if browser {
+        if !crate::webdriver::available() {
+            bail!(
+                "--browser needs chromium and chromedriver (Debian packages chromium, chromium-driver)"
+            );
+        }
+        let (_driver, b) = crate::webdriver::Driver::start(None).await?;
+        b.go(&format!("{base}/login")).await?;
+        b.type_into("#token", &viewer).await?;
+        b.click("#sign-in").await?;
+        let _ = writeln!(
+            out,
+            "\nheadless Chromium, navigation start to load event end:"
+        );
+        for page in pages {
+            b.go(&format!("{base}{page}")).await?;
+            let _ = writeln!(out, "{page:<22} {:>10.1} ms", b.load_ms().await?);
+        }
+    }
+    server.abort();
+    Ok(out)
 }

@@ -254,6 +254,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
     },
+    /// Serve the dashboard for a plan of many jobs (four sites, 24 one-hour slots, a heuristic
+    /// plan) from an empty database and time every page over HTTP; `--browser` also measures
+    /// each page's load in headless Chromium.
+    Dashboard {
+        /// Database URL (an empty one).
+        #[arg(long)]
+        db: String,
+        /// Jobs in the plan.
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        /// Also load each page in headless Chromium (needs chromium and chromedriver).
+        #[arg(long)]
+        browser: bool,
+    },
     /// Build seeded instances from the public traces at sizes S (50 jobs x 4 sites x 48 slots),
     /// M (1,000 x 12 x 96) and L (10,000 x 50 x 192); solve each with windfall and, on S and M,
     /// with the direct MILP; print emissions, bound, gap, wall time and peak memory. Each size
@@ -876,6 +890,11 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
             } else {
                 print!("{}", crate::solver_bench::run(&sizes, &data)?);
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Dashboard { db, jobs, browser }) => {
+            let report = runtime()?.block_on(crate::bench::dashboard(&db, jobs, browser))?;
+            println!("{report}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Ingest { db, rows }) => {

@@ -560,7 +560,7 @@ async fn jobs_page(
         .flat_map(|m| m.power_levels_w.iter().copied())
         .fold(1.0, f64::max);
     // Gantt: one row per job of this page; colour = site, shade = power cap, ▲ = migration.
-    let (left, top, row_h, width) = (130.0, 24.0, 14.0, 1200.0);
+    let (left, top, row_h, width) = (130.0, 36.0, 14.0, 1200.0);
     let n = l.record.slots.max(1);
     let step = (width - left - 10.0) / n as f64;
     let height = top + row_h * shown.len().max(1) as f64 + 10.0;
@@ -575,6 +575,19 @@ async fn jobs_page(
             site_color(&site.id),
             x + 14.0,
             escape(&site.id)
+        );
+    }
+    let slot_len = Duration::minutes(i64::from(l.record.slot_minutes));
+    let every = n.div_ceil(8).max(1);
+    for i in (0..n).step_by(every) {
+        let t = l.record.horizon_start_utc + slot_len * i as i32;
+        let x = left + step * i as f64;
+        let _ = write!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{height:.1}" stroke="#e3e8ee"/><text x="{x:.1}" y="{:.1}" font-size="10" fill="#5b6b7b">{}</text>"##,
+            top - 4.0,
+            top - 6.0,
+            t.format("%d %H:%M")
         );
     }
     let migrations: BTreeMap<(&str, usize), &windfall_solver::Migration> = l

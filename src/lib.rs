@@ -20,6 +20,7 @@
 //! - `solver_bench`: `windfall bench solver`, the solver at three sizes against the direct MILP;
 //! - `sim`: `windfall simulate` and `windfall scenario build`, the trace-replay simulator;
 //! - `agent`: `windfall agent`, the site agent (GPUs, executors, checkpoint transfers);
+//! - `webdriver`: a small WebDriver client for the dashboard's browser test and benchmark;
 //! - `cli`: argument parsing and the commands' glue.
 
 pub mod agent;
@@ -38,3 +39,4 @@ pub mod report;
 pub mod server;
 pub mod sim;
 pub mod solver_bench;
+pub mod webdriver;

@@ -109,7 +109,12 @@ impl PeriodReport {
             by_user_day: BTreeMap::new(),
             method: String::new(),
         };
-        let mut owners: BTreeMap<String, String> = BTreeMap::new();
+        let owners: BTreeMap<String, String> = store
+            .jobs(None)
+            .await?
+            .into_iter()
+            .map(|j| (j.id, j.owner.unwrap_or_else(|| "-".to_string())))
+            .collect();
         let mut signals = std::collections::BTreeSet::new();
         let mut sources = std::collections::BTreeSet::new();
         let mut pues = BTreeMap::new();
@@ -121,7 +126,8 @@ impl PeriodReport {
             let instance = Instance::from_json(&record.instance_json)
                 .with_context(|| format!("plan {id}: stored instance"))?;
             let planned = validate(&instance, &record.plan);
-            let baseline = validate(&instance, &baseline_plan(&instance));
+            let baseline = baseline_plan(&instance);
+            let baseline_check = validate(&instance, &baseline);
             let h = f64::from(record.slot_minutes) / 60.0;
             for p in &record.provenance {
                 signals.insert(p.carbon_signal.clone());
@@ -130,7 +136,7 @@ impl PeriodReport {
             for (site, (series, base)) in instance
                 .sites
                 .iter()
-                .zip(planned.sites.iter().zip(&baseline.sites))
+                .zip(planned.sites.iter().zip(&baseline_check.sites))
             {
                 pues.insert(site.id.clone(), site.pue);
                 for (t, i) in slots {
@@ -154,17 +160,12 @@ impl PeriodReport {
             let index: BTreeMap<usize, DateTime<Utc>> =
                 slots.iter().map(|(t, i)| (*i, *t)).collect();
             let job_planned = job_emissions_g(&instance, &record.plan);
-            let job_baseline = job_emissions_g(&instance, &baseline_plan(&instance));
+            let job_baseline = job_emissions_g(&instance, &baseline);
             for job in &instance.jobs {
-                if !owners.contains_key(&job.id) {
-                    let owner = store
-                        .job(&job.id)
-                        .await?
-                        .and_then(|j| j.owner)
-                        .unwrap_or_else(|| "-".to_string());
-                    owners.insert(job.id.clone(), owner);
-                }
-                let owner = owners[&job.id].clone();
+                let owner = owners
+                    .get(&job.id)
+                    .cloned()
+                    .unwrap_or_else(|| "-".to_string());
                 let mut add = |list: Option<&Vec<(usize, f64)>>, baseline: bool| {
                     for (slot, g) in list.map(Vec::as_slice).unwrap_or_default() {
                         if let Some(t) = index.get(slot) {

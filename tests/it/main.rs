@@ -4,6 +4,7 @@
 
 mod agent;
 mod cli;
+mod dashboard;
 mod fixtures;
 mod ingest;
 mod instance_errors;
