@@ -232,7 +232,9 @@ impl Executor for LocalExecutor {
 }
 
 /// Slurm through its command-line tools. The batch script is the job's command; checkpoints are
-/// asked for with `scancel --batch --signal` (a plain `--signal` reaches only job steps).
+/// asked for with `scancel --batch --signal` (a plain `--signal` reaches only job steps); a job
+/// started again after a checkpoint is requeued (`scontrol requeue`) while Slurm still knows it,
+/// and its script resumes from the job's `resume/` folder when that holds a checkpoint.
 pub struct SlurmExecutor {
     signal: String,
     partition: Option<String>,
@@ -279,12 +281,32 @@ impl Executor for SlurmExecutor {
         let checkpoint = spec.checkpoint_dir();
         fs::create_dir_all(&checkpoint).map_err(io(job, "creating its checkpoint folder"))?;
         let _ = fs::remove_file(spec.dir.join("exit_code"));
+        // A job Slurm still knows is requeued (its stored script finds the checkpoint itself);
+        // otherwise it is submitted afresh.
+        if let Ok(id) = Self::slurm_id(job, &spec.dir)
+            && Self::run(job, "scontrol", &["requeue".into(), id.clone()]).is_ok()
+        {
+            // A requeued job otherwise waits about two minutes (BeginTime).
+            Self::run(
+                job,
+                "scontrol",
+                &[
+                    "update".into(),
+                    format!("JobId={id}"),
+                    "StartTime=now".into(),
+                ],
+            )?;
+            return Ok(());
+        }
         let script_path = spec.dir.join("job.sh");
-        let resume = spec
+        let resume_dir = spec
             .resume_from
-            .as_ref()
-            .map(|p| format!("export WINDFALL_RESUME_FROM='{}'\n", p.display()))
-            .unwrap_or_else(|| "unset WINDFALL_RESUME_FROM\n".into());
+            .clone()
+            .unwrap_or_else(|| spec.dir.join("resume"));
+        let resume = format!(
+            "unset WINDFALL_RESUME_FROM\nif [ -f '{r}/{CHECKPOINT_MARKER}' ] || [ -f '{r}/.windfall-received' ]; then export WINDFALL_RESUME_FROM='{r}'; fi\n",
+            r = resume_dir.display()
+        );
         let visible: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
         let script = format!(
             "#!/bin/sh\nexport WINDFALL_JOB_ID='{job}' WINDFALL_JOB_DIR='{dir}' WINDFALL_CHECKPOINT_DIR='{ckpt}' CUDA_VISIBLE_DEVICES='{gpus}'\n{resume}{command} &\nchild=$!\ntrap 'kill -{sig} $child 2>/dev/null' {sig}\nwhile :; do wait $child; code=$?; kill -0 $child 2>/dev/null || break; done\necho $code > \"$WINDFALL_JOB_DIR/exit_code.tmp\" && mv \"$WINDFALL_JOB_DIR/exit_code.tmp\" \"$WINDFALL_JOB_DIR/exit_code\"\n",
@@ -335,8 +357,15 @@ impl Executor for SlurmExecutor {
         )
         .unwrap_or_default();
         Ok(match state.as_str() {
-            "" => JobStatus::Lost,
-            _ => JobStatus::Running,
+            "PENDING" | "CONFIGURING" | "RUNNING" | "SUSPENDED" | "COMPLETING" | "REQUEUED"
+            | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING" | "SIGNALING" | "STAGE_OUT" => {
+                JobStatus::Running
+            }
+            // Gone, cancelled, failed or killed without the script's exit code.
+            _ => match fs::read_to_string(dir.join("exit_code")) {
+                Ok(text) => JobStatus::Exited(text.trim().parse().unwrap_or(-1)),
+                Err(_) => JobStatus::Lost,
+            },
         })
     }
 

@@ -409,6 +409,26 @@ mod tests {
         assert!(text.contains("NVML is not available"), "{text}");
     }
 
+    /// Reads (never sets) the real GPUs where NVML is installed; elsewhere checks the plain error.
+    #[test]
+    fn nvml_inventory_is_read_when_a_gpu_is_present() {
+        match NvmlGpus::open(None, BTreeMap::new()) {
+            Ok(mut gpus) => {
+                let inventory = gpus.inventory().expect("NVML lists its devices");
+                assert!(!inventory.is_empty());
+                for d in &inventory {
+                    assert!(d.min_limit_w <= d.max_limit_w, "{d:?}");
+                    assert!(d.memory_total_mib > 0, "{d:?}");
+                    eprintln!(
+                        "GPU {}: {} ({}), limit {} W in [{}, {}] W",
+                        d.index, d.name, d.model, d.limit_w, d.min_limit_w, d.max_limit_w
+                    );
+                }
+            }
+            Err(e) => assert!(e.to_string().contains("NVML is not available"), "{e}"),
+        }
+    }
+
     #[test]
     fn model_names() {
         let names = BTreeMap::from([("Tesla T4".to_string(), "T4".to_string())]);

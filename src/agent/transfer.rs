@@ -2,7 +2,7 @@
 //! receiving endpoint, and the sender.
 //!
 //! Protocol (all requests carry `Authorization: Bearer <transfer token>`, checked with the
-//! planner, valid for one job and one destination):
+//! planner, valid for one job and one destination; anything else gets 403 and writes nothing):
 //! - `GET  /v1/transfers/{job}` -> `{ "received_bytes": N }`: where to resume;
 //! - `PUT  /v1/transfers/{job}/chunks?offset=N` with `x-windfall-chunk-sha256`: appends one
 //!   chunk if its hash matches and `N` is the bytes received so far (422 on a hash mismatch,
@@ -169,8 +169,9 @@ async fn authorise(state: &Receiver, headers: &HeaderMap, job: &str) -> Result<(
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| {
             TransferError(
-                StatusCode::UNAUTHORIZED,
-                "a transfer token is required (Authorization: Bearer ...)".into(),
+                StatusCode::FORBIDDEN,
+                "a transfer token for this migration is required (Authorization: Bearer ...)"
+                    .into(),
                 None,
             )
         })?;

@@ -640,7 +640,8 @@ fn kill_job(work: &Path, job: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn past_the_lease_the_agent_starts_nothing_keeps_running_jobs_and_loses_no_event() {
+async fn past_the_lease_the_agent_starts_nothing_keeps_running_jobs_and_loses_no_event_then_resumes()
+ {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("planner.db").display());
     let admin = token(&db, "admin", "root", None);
@@ -663,7 +664,7 @@ async fn past_the_lease_the_agent_starts_nothing_keeps_running_jobs_and_loses_no
         &[
             ("first", 0, 1, 1.0, 400),
             ("quick", 0, 1, 1.0, 50),
-            ("second", 1, 2, 1.0, 50),
+            ("second", 1, 2, 1.0, 20),
         ],
         dir.path(),
     )
@@ -711,6 +712,13 @@ async fn past_the_lease_the_agent_starts_nothing_keeps_running_jobs_and_loses_no
     let server = Server::start_with(&db, &server_args);
     let api = Api::new(&server.url);
     wait_for_state(&api, &admin, "quick", "done", 30).await;
+    // Back to normal work within hour 1: `second` starts, and `first`, past its hour, is
+    // checkpointed and paused.
+    wait_for_state(&api, &admin, "second", "done", 30).await;
+    wait_for_state(&api, &admin, "first", "paused", 30).await;
+    let first = std::fs::read_to_string(dir.path().join("first/runs.log")).unwrap();
+    assert!(first.trim().ends_with("checkpoint"), "{first}");
+    drop(server);
     kill_job(&work, "first");
 }
 
@@ -822,7 +830,7 @@ async fn agents_refuse_transfers_without_a_valid_token() {
     };
     assert_eq!(
         put(None, "j").await.unwrap().status(),
-        StatusCode::UNAUTHORIZED
+        StatusCode::FORBIDDEN
     );
     assert_eq!(
         put(Some("wf_0000_forged".into()), "j")
@@ -866,11 +874,37 @@ async fn agents_refuse_transfers_without_a_valid_token() {
         .unwrap()
         .status();
     assert_eq!(status, StatusCode::OK);
+    // An expired token for this very migration is refused too.
+    let store = windfall::db::Store::connect(&db).await.unwrap();
+    let expired = windfall::auth::new_token().unwrap();
+    store
+        .insert_transfer_token(&windfall::db::TransferToken {
+            hash: expired.hash.clone(),
+            job: "j".into(),
+            from_site: "a".into(),
+            to_site: "b".into(),
+            plan_id: 1,
+            created_utc: Utc::now() - Duration::hours(8),
+            expires_utc: Utc::now() - Duration::hours(2),
+        })
+        .await
+        .unwrap();
+    store.close().await;
+    let response = put(Some(expired.token), "j").await.unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(response.text().await.unwrap().contains("expired"));
+    // Nothing refused was written.
+    let incoming = dir.path().join("agent-b/incoming");
+    let written: Vec<_> = std::fs::read_dir(&incoming)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(written.is_empty(), "{written:?}");
 }
 
 /// The Slurm executor against a real single-node Slurm (`scripts/slurm-local start`, which
 /// `.ci/run` runs and which sets `WINDFALL_TEST_SLURM=1`): submit, checkpoint with
-/// `scancel --batch --signal`, resubmit from the checkpoint, same result as an uninterrupted run.
+/// `scancel --batch --signal`, requeue from the checkpoint with the same result as an
+/// uninterrupted run, and cancel.
 #[test]
 fn the_slurm_executor_checkpoints_and_resumes_a_job() {
     use windfall::agent::executor::{Executor, JobSpec, JobStatus, SlurmExecutor};
@@ -916,7 +950,13 @@ fn the_slurm_executor_checkpoints_and_resumes_a_job() {
     assert_eq!(slurm.status("s", &job_dir).unwrap(), JobStatus::Exited(0));
     std::fs::rename(job_dir.join("checkpoint"), job_dir.join("resume")).unwrap();
     spec.resume_from = Some(job_dir.join("resume"));
+    let first_id = std::fs::read_to_string(job_dir.join("slurm_job_id")).unwrap();
     slurm.start(&spec).unwrap();
+    // Requeued, not resubmitted: the same Slurm job runs again.
+    assert_eq!(
+        std::fs::read_to_string(job_dir.join("slurm_job_id")).unwrap(),
+        first_id
+    );
     let result = dir.path().join("result.txt");
     wait_for("the resumed job never finished", &|| result.exists());
     let reference = Command::new(WORKLOAD)
@@ -944,4 +984,26 @@ fn the_slurm_executor_checkpoints_and_resumes_a_job() {
     let at: u64 = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
     assert!(at > 0 && at < 60, "{log}");
     assert_eq!(lines[1], format!("{at} 60 done"));
+
+    // Cancel: a second job stops and leaves the queue.
+    let other = dir.path().join("jobs/t");
+    std::fs::create_dir_all(&other).unwrap();
+    let spec = JobSpec {
+        job: "t".into(),
+        command: "sleep 300".into(),
+        gpus: vec![],
+        dir: other.clone(),
+        resume_from: None,
+    };
+    slurm.start(&spec).unwrap();
+    assert_eq!(slurm.status("t", &other).unwrap(), JobStatus::Running);
+    slurm.stop("t", &other).unwrap();
+    wait_for("the cancelled job stayed queued", &|| {
+        slurm_status(&other) != JobStatus::Running
+    });
+}
+
+fn slurm_status(dir: &Path) -> windfall::agent::executor::JobStatus {
+    use windfall::agent::executor::{Executor, SlurmExecutor};
+    SlurmExecutor::new("USR1", None).status("t", dir).unwrap()
 }
