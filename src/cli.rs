@@ -350,8 +350,25 @@ pub enum Command {
         #[command(flatten)]
         db: DbArgs,
         /// File to read.
-        #[arg(long)]
-        file: PathBuf,
+        #[arg(
+            long,
+            conflicts_with = "provider",
+            required_unless_present = "provider"
+        )]
+        file: Option<PathBuf>,
+        /// Fetch from this HTTP provider (as named in --providers) for --site, or `auto` for the
+        /// site's providers in their fallback order.
+        #[arg(long, requires = "site")]
+        provider: Option<String>,
+        /// Providers configuration (TOML; see docs/forecasts.md).
+        #[arg(long, env = "WINDFALL_PROVIDERS", default_value = "providers.toml")]
+        providers: PathBuf,
+        /// Folder for cached provider answers.
+        #[arg(long, default_value = "windfall-data/provider-cache")]
+        cache_dir: PathBuf,
+        /// Minutes a cached provider answer is reused instead of fetched again (0: never).
+        #[arg(long, default_value_t = 30.0)]
+        cache_minutes: f64,
         /// The file's layout.
         #[arg(long, value_enum, default_value_t = IngestFormat::Canonical)]
         format: IngestFormat,
@@ -822,12 +839,69 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
         }
         Command::Ingest {
             db,
+            file: None,
+            provider: Some(provider),
+            providers,
+            cache_dir,
+            cache_minutes,
+            site,
+            ..
+        } => {
+            let site = site.context("--provider needs --site")?;
+            let config = crate::providers::ProvidersConfig::load(&providers)?;
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = reqwest::Client::builder()
+                .build()
+                .context("building the HTTP client")?;
+            let only = (provider != "auto").then_some(provider.as_str());
+            let sources = crate::providers::site_sources(&config, &site, only, &http)?;
+            let cache = (cache_minutes > 0.0).then(|| crate::providers::Cache {
+                dir: cache_dir.clone(),
+                ttl: std::time::Duration::from_secs_f64(cache_minutes * 60.0),
+            });
+            let stored = runtime()?.block_on(async {
+                let fetched =
+                    crate::providers::fetch_with_fallback(&sources, Utc::now(), cache.as_ref())
+                        .await?;
+                for failure in &fetched.failures {
+                    eprintln!("warning: {failure}");
+                }
+                let points = crate::providers::to_points(&site, &fetched, 3600);
+                let label = format!("{}:{}", fetched.provider, fetched.location);
+                let store = crate::db::Store::connect(&db.db)
+                    .await
+                    .with_context(|| format!("opening {}", crate::db::redact(&db.db)))?;
+                let stored = store.insert_forecasts(&label, &points).await;
+                store.close().await;
+                anyhow::Ok((stored?, label, fetched))
+            })?;
+            let (count, label, fetched) = stored;
+            println!(
+                "stored {count} hourly {} carbon values for site {site} from {label} (issued {}{})",
+                fetched.forecast.signal.as_str(),
+                fetched
+                    .forecast
+                    .issued_utc
+                    .unwrap_or(fetched.fetched_utc)
+                    .format("%Y-%m-%d %H:%M UTC"),
+                if fetched.failures.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} provider(s) before it failed", fetched.failures.len())
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ingest {
+            db,
             file,
             format,
             site,
             share,
             source,
+            ..
         } => {
+            let file = file.context("give --file or --provider")?;
             let started = Instant::now();
             let text = read_maybe_gz(&file)?;
             let name = file.display().to_string();

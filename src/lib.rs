@@ -8,6 +8,7 @@
 //! - `model`: the service's domain types (job states, site configs, stored plans);
 //! - `db`: the only module that knows SQL;
 //! - `fleet`: fleet files, bundled samples, and assembling a solver instance from the store;
+//! - `providers`: HTTP forecast providers with fallback, cache, retries and rate limits;
 //! - `report`: terminal summary and HTML report;
 //! - `period`: `windfall report`, emissions and energy by site, user and day over a period;
 //! - `dashboard`: the web dashboard `windfall serve` hosts at `/`;
@@ -35,6 +36,7 @@ pub mod fleet;
 pub mod model;
 pub mod period;
 pub mod planning;
+pub mod providers;
 pub mod report;
 pub mod server;
 pub mod sim;

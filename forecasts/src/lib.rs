@@ -1,7 +1,8 @@
 //! windfall-forecasts: forecast series in windfall's canonical CSV and the bundled sample data.
 //!
 //! Owns parsing of the canonical forecast CSV (formats.md section 3), of published files in their
-//! own layouts (Electricity Maps export, GB curtailment; `files`), and of the scenario
+//! own layouts (Electricity Maps export, GB curtailment; `files`), of the HTTP providers'
+//! forecast bodies (`providers`), and of the scenario
 //! `jobs.csv`, `signals.csv` and `forecasts.csv` (formats.md section 2), with errors that name the line and column, and the sample
 //! fleet, signals and jobs compiled into the binary (see `forecasts/README.md` for sources,
 //! licences and the surplus rule). It must not touch a database or the network.
@@ -9,6 +10,7 @@
 pub mod canonical;
 pub mod files;
 pub mod jobs;
+pub mod providers;
 pub mod samples;
 pub mod scenario;
 

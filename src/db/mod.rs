@@ -421,10 +421,7 @@ impl Store {
         let mut out: Vec<ForecastRow> = Vec::new();
         for row in rows {
             let time_utc = parse_time("forecast time", &row.get::<String, _>(0))?;
-            if out.last().is_some_and(|r| r.time_utc == time_utc) {
-                continue; // an older issue of the same time
-            }
-            out.push(ForecastRow {
+            let next = ForecastRow {
                 time_utc,
                 issued_utc: parse_time("forecast issue time", &row.get::<String, _>(1))?,
                 source: row.get(2),
@@ -432,7 +429,32 @@ impl Store {
                 carbon_g_per_kwh: row.get(4),
                 carbon_signal: row.get(5),
                 price_usd_per_mwh: row.get(6),
-            });
+            };
+            // An older issue of the same time fills only the fields the newer ones left empty
+            // (a carbon-only provider forecast must not hide the surplus of another source).
+            if let Some(last) = out.last_mut()
+                && last.time_utc == time_utc
+            {
+                let mut used = false;
+                if last.surplus_kw.is_none() && next.surplus_kw.is_some() {
+                    last.surplus_kw = next.surplus_kw;
+                    used = true;
+                }
+                if last.carbon_g_per_kwh.is_none() && next.carbon_g_per_kwh.is_some() {
+                    last.carbon_g_per_kwh = next.carbon_g_per_kwh;
+                    last.carbon_signal = next.carbon_signal.clone();
+                    used = true;
+                }
+                if last.price_usd_per_mwh.is_none() && next.price_usd_per_mwh.is_some() {
+                    last.price_usd_per_mwh = next.price_usd_per_mwh;
+                    used = true;
+                }
+                if used && !last.source.split('+').any(|s| s == next.source) {
+                    last.source = format!("{}+{}", last.source, next.source);
+                }
+                continue;
+            }
+            out.push(next);
         }
         Ok(out)
     }

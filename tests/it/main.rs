@@ -8,6 +8,7 @@ mod dashboard;
 mod fixtures;
 mod ingest;
 mod instance_errors;
+mod providers;
 mod service;
 mod sim;
 mod solver;
