@@ -148,6 +148,9 @@ pub enum IngestFormat {
     EmExport,
     /// GB balancing-mechanism wind curtailment (surplus, GWh per hour).
     GbCurtailment,
+    /// CAISO production-and-curtailment data, Curtailments sheet as CSV (MW, 5-minute
+    /// intervals, Pacific time); stored as hourly surplus.
+    Caiso,
 }
 
 /// `windfall scenario` commands.
@@ -375,7 +378,7 @@ pub enum Command {
         /// Site the values belong to (em-export and gb-curtailment; canonical rows name theirs).
         #[arg(long)]
         site: Option<String>,
-        /// The site's share of GB curtailed power (gb-curtailment), in (0, 1].
+        /// The site's share of the curtailed power (gb-curtailment, caiso), in (0, 1].
         #[arg(long)]
         share: Option<f64>,
         /// Source label stored with every value [default: the file name].
@@ -914,6 +917,17 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 IngestFormat::Canonical => windfall_forecasts::parse_canonical_csv(&text, &name)?,
                 IngestFormat::EmExport => {
                     windfall_forecasts::parse_em_export_csv(&text, &name, &need_site()?)?
+                }
+                IngestFormat::Caiso => {
+                    let share = share.context(
+                        "--share is required for caiso: the site's share of CAISO curtailed power",
+                    )?;
+                    windfall_forecasts::parse_caiso_curtailment_csv(
+                        &text,
+                        &name,
+                        &need_site()?,
+                        share,
+                    )?
                 }
                 IngestFormat::GbCurtailment => {
                     let share = share.context(

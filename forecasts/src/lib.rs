@@ -1,7 +1,7 @@
 //! windfall-forecasts: forecast series in windfall's canonical CSV and the bundled sample data.
 //!
 //! Owns parsing of the canonical forecast CSV (formats.md section 3), of published files in their
-//! own layouts (Electricity Maps export, GB curtailment; `files`), of the HTTP providers'
+//! own layouts (Electricity Maps export, GB curtailment, CAISO curtailment; `files`), of the HTTP providers'
 //! forecast bodies (`providers`), and of the scenario
 //! `jobs.csv`, `signals.csv` and `forecasts.csv` (formats.md section 2), with errors that name the line and column, and the sample
 //! fleet, signals and jobs compiled into the binary (see `forecasts/README.md` for sources,
@@ -9,13 +9,14 @@
 
 pub mod canonical;
 pub mod files;
+pub mod fuzz;
 pub mod jobs;
 pub mod providers;
 pub mod samples;
 pub mod scenario;
 
 pub use canonical::{CarbonSignal, ForecastPoint, parse_canonical_csv};
-pub use files::{parse_em_export_csv, parse_gb_curtailment_csv};
+pub use files::{parse_caiso_curtailment_csv, parse_em_export_csv, parse_gb_curtailment_csv};
 pub use jobs::{JobRow, parse_jobs_csv};
 pub use scenario::{SignalRow, parse_scenario_forecasts_csv, parse_signals_csv};
 
