@@ -144,6 +144,7 @@ pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
         time_limit_s: 5.0,
         lock_path: crate::planning::sqlite_lock_path(db_url),
         change_penalty_g: 10.0,
+        max_forecast_age_h: 24.0,
     };
     let planned = crate::planning::run_cycle(&store, &cycle, Utc::now()).await?;
     eprintln!("set-up: {}", planned.summary());
@@ -383,6 +384,7 @@ pub async fn dashboard(db_url: &str, jobs: usize, browser: bool) -> Result<Strin
         time_limit_s: 5.0,
         lock_path: crate::planning::sqlite_lock_path(db_url),
         change_penalty_g: 10.0,
+        max_forecast_age_h: 24.0,
     };
     let state = Arc::new(AppState::new(store, cycle));
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;

@@ -21,7 +21,7 @@ pub struct Cli {
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// TOML configuration file. Its keys (db, listen, server, token, slots, slot_minutes,
-    /// time_limit, change_penalty_g) fill in what neither a flag nor an environment variable
+    /// time_limit, change_penalty_g, max_forecast_age_hours) fill in what neither a flag nor an environment variable
     /// gives: flag > environment > file > default.
     #[arg(long, global = true, env = "WINDFALL_CONFIG")]
     pub config: Option<PathBuf>,
@@ -91,6 +91,10 @@ pub struct CycleArgs {
     /// planner moves it (a slot moved elsewhere counts twice).
     #[arg(long, env = "WINDFALL_CHANGE_PENALTY_G", default_value_t = 10.0)]
     pub change_penalty_g: f64,
+    /// A site whose newest forecast is older than this (hours) at the horizon start makes the
+    /// plan degraded; the plan is still made, on the fallback rules, and says why.
+    #[arg(long, env = "WINDFALL_MAX_FORECAST_AGE_HOURS", default_value_t = 24.0)]
+    pub max_forecast_age_hours: f64,
 }
 
 /// `windfall token` actions.
@@ -1145,7 +1149,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
 }
 
 /// Configuration keys and the environment variables they stand in for.
-const CONFIG_KEYS: [(&str, &str); 8] = [
+const CONFIG_KEYS: [(&str, &str); 9] = [
     ("db", "WINDFALL_DB"),
     ("listen", "WINDFALL_LISTEN"),
     ("server", "WINDFALL_SERVER"),
@@ -1154,6 +1158,7 @@ const CONFIG_KEYS: [(&str, &str); 8] = [
     ("slot_minutes", "WINDFALL_SLOT_MINUTES"),
     ("time_limit", "WINDFALL_TIME_LIMIT"),
     ("change_penalty_g", "WINDFALL_CHANGE_PENALTY_G"),
+    ("max_forecast_age_hours", "WINDFALL_MAX_FORECAST_AGE_HOURS"),
 ];
 
 /// Reads the `--config` file (or `WINDFALL_CONFIG`) and exports each key as its environment
@@ -1229,6 +1234,7 @@ fn cycle_config(db_url: &str, cycle: &CycleArgs) -> crate::planning::CycleConfig
         time_limit_s: cycle.time_limit,
         lock_path: crate::planning::sqlite_lock_path(db_url),
         change_penalty_g: cycle.change_penalty_g,
+        max_forecast_age_h: cycle.max_forecast_age_hours,
     }
 }
 

@@ -253,12 +253,10 @@ fn degraded(record: &PlanRecord) -> Vec<String> {
     record
         .provenance
         .iter()
-        .filter(|p| p.filled_slots > 0)
-        .map(|p| {
-            format!(
-                "site {}: {} of {} slots had no forecast and used the fallback (same hour a day earlier, else the previous slot)",
-                p.site, p.filled_slots, record.slots
-            )
+        .flat_map(|p| {
+            p.degraded
+                .iter()
+                .map(move |r| format!("site {}: {r}", p.site))
         })
         .collect()
 }

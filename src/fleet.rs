@@ -187,6 +187,51 @@ async fn previous_assignments(
         .collect())
 }
 
+/// Longest gap, in slots, filled by linear interpolation between the known values on both sides.
+pub const MAX_INTERPOLATED_SLOTS: usize = 3;
+
+/// Fills the `None` slots of `raw`: a run of at most [`MAX_INTERPOLATED_SLOTS`] slots with known
+/// values on both sides is interpolated linearly; longer runs, or runs at an end, take
+/// `day_ago(i)` (the same slot a day earlier), else the nearest earlier value. Returns the
+/// series (still `None` where nothing was known) and the slots interpolated and fallen back.
+fn fill_gaps(
+    raw: &[Option<f64>],
+    day_ago: impl Fn(usize) -> Option<f64>,
+) -> (Vec<Option<f64>>, usize, usize) {
+    let mut out = raw.to_vec();
+    let (mut interpolated, mut fallback) = (0, 0);
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i].is_some() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < raw.len() && raw[i].is_none() {
+            i += 1;
+        }
+        let left = start.checked_sub(1).and_then(|j| raw[j]);
+        let right = raw.get(i).copied().flatten();
+        let len = i - start;
+        match (left, right) {
+            (Some(a), Some(b)) if len <= MAX_INTERPOLATED_SLOTS => {
+                for (k, slot) in out[start..i].iter_mut().enumerate() {
+                    let w = (k + 1) as f64 / (len + 1) as f64;
+                    *slot = Some(a + (b - a) * w);
+                }
+                interpolated += len;
+            }
+            _ => {
+                for j in start..i {
+                    out[j] = day_ago(j).or_else(|| j.checked_sub(1).and_then(|k| out[k]));
+                    fallback += 1;
+                }
+            }
+        }
+    }
+    (out, interpolated, fallback)
+}
+
 /// Builds the instance for `horizon` from the store's sites, forecasts known at the horizon
 /// start, open jobs whose window overlaps the horizon, and the latest plan's assignments (plan
 /// stability).
@@ -230,30 +275,47 @@ pub async fn build_instance(
                 .find(|r| r.time_utc <= t && t < r.time_utc + slot.max(Duration::hours(1)))
                 .and_then(pick)
         };
+        let slot_time = |i: usize| horizon.start_utc + slot * i as i32;
+        let raw_surplus: Vec<Option<f64>> = (0..horizon.slots)
+            .map(|i| value_at(slot_time(i), &|r| r.surplus_kw))
+            .collect();
+        let raw_carbon: Vec<Option<f64>> = (0..horizon.slots)
+            .map(|i| value_at(slot_time(i), &|r| r.carbon_g_per_kwh))
+            .collect();
+        let filled = raw_surplus
+            .iter()
+            .zip(&raw_carbon)
+            .filter(|(s, c)| s.is_none() || c.is_none())
+            .count();
+        let (surplus_filled, surplus_interp, _) = fill_gaps(&raw_surplus, |i| {
+            value_at(slot_time(i) - Duration::days(1), &|r| r.surplus_kw)
+        });
+        let (carbon_filled, carbon_interp, carbon_fallback) = fill_gaps(&raw_carbon, |i| {
+            value_at(slot_time(i) - Duration::days(1), &|r| r.carbon_g_per_kwh)
+        });
+        let mut degraded = Vec::new();
+        let interpolated = carbon_interp.max(surplus_interp);
+        if interpolated > 0 {
+            degraded.push(format!(
+                "{interpolated} slot(s) interpolated across short gaps (up to \
+                 {MAX_INTERPOLATED_SLOTS} slots)"
+            ));
+        }
+        if carbon_fallback > 0 {
+            degraded.push(format!(
+                "{carbon_fallback} of {} slots had no carbon forecast: the same hour a day \
+                 earlier was used, else the nearest earlier value",
+                horizon.slots
+            ));
+        }
         let mut surplus_kw = Vec::with_capacity(horizon.slots);
         let mut carbon = Vec::with_capacity(horizon.slots);
         let mut price = Vec::with_capacity(horizon.slots);
-        let mut filled = 0;
         let mut any_price = false;
         for i in 0..horizon.slots {
-            let t = horizon.start_utc + slot * i as i32;
-            let surplus = value_at(t, &|r| r.surplus_kw);
-            let ci = value_at(t, &|r| r.carbon_g_per_kwh);
-            if surplus.is_none() || ci.is_none() {
-                filled += 1;
-            }
-            // Fallback: same slot a day earlier (already in the series or history), else the
-            // previous slot's value.
-            let day_ago =
-                |series: &Vec<f64>,
-                 now: Option<f64>,
-                 pick: &dyn Fn(&crate::db::ForecastRow) -> Option<f64>| {
-                    now.or_else(|| value_at(t - Duration::days(1), pick))
-                        .or_else(|| series.last().copied())
-                };
-            let s = day_ago(&surplus_kw, surplus, &|r| r.surplus_kw).unwrap_or(0.0);
-            let c = day_ago(&carbon, ci, &|r| r.carbon_g_per_kwh);
-            let Some(c) = c else {
+            let t = slot_time(i);
+            let s = surplus_filled[i].unwrap_or(0.0);
+            let Some(c) = carbon_filled[i] else {
                 bail!(
                     "site {}: no carbon intensity known for {t} or the day before",
                     site.id
@@ -273,8 +335,19 @@ pub async fn build_instance(
         sources.sort();
         sources.dedup();
         let signal = used
-            .first()
+            .iter()
+            .find(|r| r.carbon_g_per_kwh.is_some())
             .map_or("average".to_string(), |r| r.carbon_signal.clone());
+        let other = used
+            .iter()
+            .filter(|r| r.carbon_g_per_kwh.is_some() && r.carbon_signal != signal)
+            .count();
+        if other > 0 {
+            degraded.push(format!(
+                "{other} carbon value(s) are not {signal} but were read as {signal}: average and \
+                 marginal signals mixed"
+            ));
+        }
         provenance.push(SignalProvenance {
             site: site.id.clone(),
             sources,
@@ -282,6 +355,7 @@ pub async fn build_instance(
             issued_utc_max: used.iter().map(|r| r.issued_utc).max(),
             carbon_signal: signal.clone(),
             filled_slots: filled,
+            degraded,
         });
         instance_sites.push(Site {
             id: site.id.clone(),
@@ -299,6 +373,21 @@ pub async fn build_instance(
             },
             price_usd_per_mwh: any_price.then_some(price),
         });
+    }
+    // Sites on different signal types: their emissions do not add up to one figure.
+    let marginal = provenance
+        .iter()
+        .filter(|p| p.carbon_signal == "marginal")
+        .count();
+    let average = provenance.len() - marginal;
+    if marginal > 0 && average > 0 {
+        for p in &mut provenance {
+            p.degraded.push(format!(
+                "this plan mixes signal types ({marginal} site(s) marginal, {average} average); \
+                 this site's values are {}",
+                p.carbon_signal
+            ));
+        }
     }
     let mut jobs = Vec::new();
     for job in store.jobs(None).await? {

@@ -188,6 +188,10 @@ pub struct SignalProvenance {
     pub carbon_signal: String,
     /// Slots with no forecast, filled by the documented fallback.
     pub filled_slots: usize,
+    /// Why this site's signals make the plan degraded (stale, gaps filled, signals mixed);
+    /// empty when they are sound.
+    #[serde(default)]
+    pub degraded: Vec<String>,
 }
 
 /// A plan to store: the solver's output plus context.

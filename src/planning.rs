@@ -30,6 +30,9 @@ pub struct CycleConfig {
     pub lock_path: Option<PathBuf>,
     /// Objective penalty per job-slot changed against the previous plan, g CO2e.
     pub change_penalty_g: f64,
+    /// A site whose newest forecast was issued longer ago than this (hours) makes the plan
+    /// degraded.
+    pub max_forecast_age_h: f64,
 }
 
 /// What one cycle produced.
@@ -43,6 +46,8 @@ pub struct CycleOutcome {
     pub metrics: Metrics,
     /// Jobs it covered.
     pub jobs: usize,
+    /// Why the plan is degraded (`site: reason`), empty when its signals are sound.
+    pub degraded: Vec<String>,
 }
 
 impl CycleOutcome {
@@ -69,7 +74,11 @@ impl CycleOutcome {
             m.status,
             m.migrations,
             m.solve_seconds,
-        )
+        ) + &self
+            .degraded
+            .iter()
+            .map(|r| format!("\nDEGRADED: {r}"))
+            .collect::<String>()
     }
 }
 
@@ -108,7 +117,32 @@ pub async fn run_cycle(
         slot_minutes: config.slot_minutes,
         slots: config.slots,
     };
-    let (mut instance, provenance) = fleet::build_instance(store, horizon).await?;
+    let (mut instance, mut provenance) = fleet::build_instance(store, horizon).await?;
+    let max_age = Duration::milliseconds((config.max_forecast_age_h * 3_600_000.0) as i64);
+    for p in &mut provenance {
+        match p.issued_utc_max {
+            Some(newest) if start_utc - newest > max_age => p.degraded.insert(
+                0,
+                format!(
+                    "stale forecast: the newest was issued {}, more than {} h before the horizon",
+                    newest.format("%Y-%m-%d %H:%M UTC"),
+                    config.max_forecast_age_h
+                ),
+            ),
+            None => p
+                .degraded
+                .insert(0, "no forecast covers the horizon".into()),
+            _ => {}
+        }
+    }
+    let degraded: Vec<String> = provenance
+        .iter()
+        .flat_map(|p| {
+            p.degraded
+                .iter()
+                .map(move |r| format!("site {}: {r}", p.site))
+        })
+        .collect();
     instance.params.change_penalty_g = config.change_penalty_g;
     let jobs = instance.jobs.len();
     let options = SolveOptions {
@@ -142,5 +176,6 @@ pub async fn run_cycle(
         horizon_start_utc: start_utc,
         metrics: solution.metrics,
         jobs,
+        degraded,
     })
 }

@@ -12,5 +12,6 @@ mod providers;
 mod service;
 mod sim;
 mod solver;
+mod staleness;
 mod store;
 mod validator;
