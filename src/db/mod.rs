@@ -10,6 +10,7 @@
 //! backends, so times are RFC 3339 text and flags are 0/1 integers.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
@@ -341,11 +342,6 @@ impl Store {
                 context: format!("forecast from {source} for {}", time_text(p.time_utc)),
             });
         }
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(db("starting a transaction"))?;
         // A key given twice keeps its last value (one statement may not update a row twice).
         let mut last: std::collections::HashMap<(&str, DateTime<Utc>, DateTime<Utc>), usize> =
             std::collections::HashMap::with_capacity(points.len());
@@ -358,6 +354,17 @@ impl Store {
             .filter(|(i, p)| last[&(p.site.as_str(), p.time_utc, p.issued_utc)] == *i)
             .map(|(_, p)| p)
             .collect();
+        if self.backend == Backend::Sqlite {
+            return self
+                .insert_forecasts_sqlite(source, &unique)
+                .await
+                .map(|_| points.len());
+        }
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
         // Multi-row statements: one round trip per chunk instead of per row.
         for chunk in unique.chunks(FORECAST_ROWS_PER_STATEMENT) {
             // `$n` placeholders, which both backends accept through the Any driver.
@@ -391,6 +398,64 @@ impl Store {
             q.execute(&mut *tx)
                 .await
                 .map_err(db(format!("saving forecasts from {source}")))?;
+        }
+        tx.commit().await.map_err(db("committing forecasts"))?;
+        Ok(points.len())
+    }
+
+    /// SQLite: each chunk of rows goes in as one JSON array bound to one parameter and expanded
+    /// by SQLite's `json_each`, so the driver handles a handful of arguments per thousands of
+    /// rows (per-argument handling dominates otherwise).
+    async fn insert_forecasts_sqlite(
+        &self,
+        source: &str,
+        points: &[&ForecastPoint],
+    ) -> Result<usize> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        for chunk in points.chunks(FORECAST_ROWS_PER_JSON_STATEMENT) {
+            let mut json = String::with_capacity(chunk.len() * 120);
+            json.push('[');
+            for (i, p) in chunk.iter().enumerate() {
+                if i > 0 {
+                    json.push(',');
+                }
+                let number = |v: Option<f64>| match v {
+                    Some(x) if x.is_finite() => x.to_string(),
+                    _ => "null".to_string(),
+                };
+                let _ = write!(
+                    json,
+                    "[{},\"{}\",\"{}\",{},{},\"{}\",{}]",
+                    serde_json::Value::from(p.site.as_str()),
+                    time_text(p.time_utc),
+                    time_text(p.issued_utc),
+                    number(p.surplus_kw),
+                    number(p.carbon_g_per_kwh),
+                    p.carbon_signal.as_str(),
+                    number(p.price_usd_per_mwh)
+                );
+            }
+            json.push(']');
+            sqlx::query(
+                "INSERT INTO forecasts (site_id, time_utc, issued_utc, source, surplus_kw,
+                   carbon_g_per_kwh, carbon_signal, price_usd_per_mwh)
+                 SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, $2, j.value ->> 3,
+                        j.value ->> 4, j.value ->> 5, j.value ->> 6
+                 FROM json_each($1) AS j WHERE true
+                 ON CONFLICT (site_id, time_utc, issued_utc, source) DO UPDATE SET
+                   surplus_kw = excluded.surplus_kw, carbon_g_per_kwh = excluded.carbon_g_per_kwh,
+                   carbon_signal = excluded.carbon_signal,
+                   price_usd_per_mwh = excluded.price_usd_per_mwh",
+            )
+            .bind(json)
+            .bind(source.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db(format!("saving forecasts from {source}")))?;
         }
         tx.commit().await.map_err(db("committing forecasts"))?;
         Ok(points.len())
@@ -1124,6 +1189,9 @@ impl Store {
 
 /// Forecast rows per INSERT statement (8 parameters each, well under both backends' limits).
 const FORECAST_ROWS_PER_STATEMENT: usize = 10;
+
+/// Rows per JSON-array statement on SQLite.
+const FORECAST_ROWS_PER_JSON_STATEMENT: usize = 5_000;
 
 /// Environment variable that makes `save_plan` pause before its commit (crash tests only).
 pub const PAUSE_BEFORE_PLAN_COMMIT_ENV: &str = "WINDFALL_TEST_PAUSE_BEFORE_PLAN_COMMIT_MS";
