@@ -261,7 +261,11 @@ fn degraded(record: &PlanRecord) -> Vec<String> {
         .collect()
 }
 
-async fn overview(State(state): State<Shared>, Reader(who): Reader) -> Response {
+async fn overview(
+    State(state): State<Shared>,
+    Reader(who): Reader,
+    Query(period): Query<Period>,
+) -> Response {
     let l = load_or_return!(state, who, "overview");
     let m = &l.record.metrics;
     let change = if m.baseline_emissions_g > 0.0 {
@@ -357,7 +361,67 @@ async fn overview(State(state): State<Shared>, Reader(who): Reader) -> Response 
         format!("{}", l.record.plan.migrations.len()),
         format!("<span id=\"kpi-gb-moved\">{gb_moved:.1}</span> GB of checkpoints moved"),
     ));
-    body.push_str("</div><h2>Sites</h2><table><tr><th>site</th><th>zone</th><th>GPUs</th><th>grid kWh</th><th>surplus kWh</th><th>kg CO2e</th></tr>");
+    body.push_str("</div>");
+    // A chosen period, stitched from the plans in force (as `windfall report`).
+    let chosen = period.from.as_deref().is_some_and(|f| !f.is_empty())
+        || period.to.as_deref().is_some_and(|t| !t.is_empty());
+    let (from, to) = match period_bounds(&period, Some((l.record.horizon_start_utc, end))) {
+        Ok(b) => b,
+        Err(e) => return error_page(&who, StatusCode::BAD_REQUEST, &e),
+    };
+    let _ = write!(
+        body,
+        "<h2>Period</h2><form class=\"inline\" method=\"get\" action=\"/\">\
+         <label>from <input name=\"from\" value=\"{}\" size=\"26\"></label>\
+         <label>to <input name=\"to\" value=\"{}\" size=\"26\"></label>\
+         <button type=\"submit\">Show</button></form>",
+        from.to_rfc3339(),
+        to.to_rfc3339()
+    );
+    if chosen {
+        match crate::period::PeriodReport::build(&state.store, from, to).await {
+            Ok(r) => {
+                let t = &r.total;
+                body.push_str("<div class=\"kpis\">");
+                body.push_str(&kpi(
+                    "period-emissions-kg",
+                    "Period emissions (kg CO2e)",
+                    format!("{:.3}", t.emissions_kg),
+                    format!(
+                        "{:+.1} % vs run-now ({:.3} kg)",
+                        t.change_pct(),
+                        t.baseline_kg
+                    ),
+                ));
+                body.push_str(&kpi(
+                    "period-surplus-mwh",
+                    "Period surplus absorbed (MWh)",
+                    format!("{:.3}", t.surplus_kwh / 1000.0),
+                    format!("{} slots covered", r.slots_covered),
+                ));
+                body.push_str(&kpi(
+                    "period-grid-mwh",
+                    "Period grid energy (MWh)",
+                    format!("{:.3}", t.grid_kwh / 1000.0),
+                    format!(
+                        "plans {}",
+                        r.plan_ids
+                            .iter()
+                            .map(|i| format!("#{i}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+                body.push_str("</div><p class=\"muted\">Each slot of the period comes from the plan in force when it began; details and downloads under <a href=\"/reports\">Reports</a>.</p>");
+            }
+            Err(e) => {
+                let _ = write!(body, "<p class=\"bad\">{}</p>", escape(&format!("{e:#}")));
+            }
+        }
+    } else {
+        body.push_str("<p class=\"muted\">Figures above are the current plan's; choose a period to see the plans in force over it.</p>");
+    }
+    body.push_str("<h2>Sites</h2><table><tr><th>site</th><th>zone</th><th>GPUs</th><th>grid kWh</th><th>surplus kWh</th><th>kg CO2e</th></tr>");
     for (site, series) in l.instance.sites.iter().zip(&l.validation.sites) {
         let gpus: Vec<String> = site.gpus.iter().map(|(m, n)| format!("{n}× {m}")).collect();
         let _ = write!(

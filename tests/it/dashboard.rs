@@ -118,6 +118,20 @@ async fn the_dashboard_in_a_real_browser_shows_the_same_numbers_as_the_api_and_t
     );
     assert!(!browser.text("#forecast-status").await.unwrap().is_empty());
     let overview_ms = browser.load_ms().await.unwrap();
+    // A chosen period: the plans in force over it, as `windfall report` stitches them.
+    browser
+        .go(&format!(
+            "{}/?from={}&to={}",
+            server.url,
+            start.replace('+', "%2B"),
+            end.replace('+', "%2B")
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        browser.text("#period-emissions-kg").await.unwrap(),
+        format!("{:.3}", report["total"]["emissions_kg"].as_f64().unwrap())
+    );
     screenshot(&browser, "02-overview").await;
 
     // A site timeline: an SVG with the load, surplus and carbon lines.
