@@ -443,6 +443,13 @@ pub async fn dashboard(db_url: &str, jobs: usize, browser: bool) -> Result<Strin
         b.go(&format!("{base}/login")).await?;
         b.type_into("#token", &viewer).await?;
         b.click("#sign-in").await?;
+        let signing_in = Instant::now();
+        while b.current_url().await?.ends_with("/login") {
+            if signing_in.elapsed() > Duration::from_secs(20) {
+                bail!("signing in to the dashboard did not complete in 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let _ = writeln!(
             out,
             "\nheadless Chromium, navigation start to load event end:"

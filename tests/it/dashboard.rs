@@ -72,12 +72,27 @@ async fn the_dashboard_in_a_real_browser_shows_the_same_numbers_as_the_api_and_t
     screenshot(&browser, "01-login").await;
     browser.type_into("#token", &viewer).await.unwrap();
     browser.click("#sign-in").await.unwrap();
+    // The click submits the form; the browser then follows the redirect to the overview.
+    let overview = format!("{}/", server.url);
+    let started = Instant::now();
+    while browser.current_url().await.unwrap() != overview {
+        assert!(
+            started.elapsed() < StdDuration::from_secs(20),
+            "signing in did not reach the overview: {}",
+            browser.current_url().await.unwrap()
+        );
+        tokio::time::sleep(StdDuration::from_millis(100)).await;
+    }
+    // Wait for the overview to be rendered before reading it.
+    while browser.count("#kpi-emissions-kg").await.unwrap() == 0 {
+        assert!(
+            started.elapsed() < StdDuration::from_secs(20),
+            "no overview"
+        );
+        tokio::time::sleep(StdDuration::from_millis(100)).await;
+    }
 
     // Overview: the same figures as the API and `windfall report` for this plan.
-    assert_eq!(
-        browser.current_url().await.unwrap(),
-        format!("{}/", server.url)
-    );
     let kg = |g: &Value| format!("{:.3}", g.as_f64().unwrap() / 1000.0);
     assert_eq!(
         browser.text("#kpi-emissions-kg").await.unwrap(),
