@@ -67,14 +67,14 @@ async fn token(store: &Store, role: Role, name: &str, site: Option<&str>) -> Res
     Ok(t.token)
 }
 
-/// Opens `db_url`, which must hold no sites, and creates the benchmarks' GPU model and their one
-/// site, `bench`, with `gpus` GPUs.
-async fn bench_store(db_url: &str, gpus: u32) -> Result<Store> {
+/// Opens `db_url`, which must hold no sites, and creates the benchmarks' GPU model and the sites
+/// `(id, zone, H100 count)`.
+async fn bench_store(db_url: &str, sites: &[(&str, Option<&str>, u32)]) -> Result<Store> {
     let store = Store::connect(db_url)
         .await
         .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
     if !store.sites().await?.is_empty() {
-        bail!("the benchmark needs an empty database: it creates its own site, data and tokens");
+        bail!("the benchmark needs an empty database: it creates its own sites, data and tokens");
     }
     let model = windfall_solver::GpuModel {
         power_levels_w: vec![700.0, 400.0],
@@ -83,22 +83,24 @@ async fn bench_store(db_url: &str, gpus: u32) -> Result<Store> {
         idle_w: 50.0,
     };
     store.upsert_gpu_model("H100", &model).await?;
-    let site = SiteConfig {
-        id: "bench".into(),
-        zone: None,
-        gpus: [("H100".to_string(), gpus)].into_iter().collect(),
-        pue: 1.2,
-        grid_limit_kw: None,
-        wan_gbps: 10.0,
-    };
-    store.upsert_site(&site, Utc::now()).await?;
+    for (id, zone, gpus) in sites {
+        let site = SiteConfig {
+            id: (*id).to_string(),
+            zone: zone.map(str::to_string),
+            gpus: [("H100".to_string(), *gpus)].into_iter().collect(),
+            pue: 1.2,
+            grid_limit_kw: None,
+            wan_gbps: 10.0,
+        };
+        store.upsert_site(&site, Utc::now()).await?;
+    }
     Ok(store)
 }
 
 /// Sets up a fleet in `db_url`, serves it on a free loopback port and runs the load.
 pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let store = bench_store(db_url, 400).await?;
+    let store = bench_store(db_url, &[("bench", None, 400)]).await?;
     // A day of forecasts and a plan over 100 jobs, so directive polls return real runs.
     let hour = chrono::DurationRound::duration_trunc(Utc::now(), chrono::Duration::hours(1))?;
     let points: Vec<windfall_forecasts::ForecastPoint> = (-1..26)
@@ -239,7 +241,7 @@ pub async fn run(db_url: &str, load: &LoadConfig) -> Result<LoadReport> {
 /// Generates `rows` canonical forecast rows (one site, hourly), parses and stores them in one
 /// call, and reports rows/s for each step. Needs an empty database.
 pub async fn ingest(db_url: &str, rows: usize) -> Result<String> {
-    let store = bench_store(db_url, 8).await?;
+    let store = bench_store(db_url, &[("bench", None, 8)]).await?;
     let start = chrono::DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")?.with_timezone(&Utc);
     let mut text = String::with_capacity(rows * 96);
     text.push_str(
@@ -278,37 +280,22 @@ pub async fn ingest(db_url: &str, rows: usize) -> Result<String> {
 /// render included); with `browser`, also each page's load time in headless Chromium.
 pub async fn dashboard(db_url: &str, jobs: usize, browser: bool) -> Result<String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let store = Store::connect(db_url)
-        .await
-        .with_context(|| format!("opening {}", crate::db::redact(db_url)))?;
-    if !store.sites().await?.is_empty() {
-        bail!("the benchmark needs an empty database: it creates its own sites, jobs and plan");
-    }
-    let model = windfall_solver::GpuModel {
-        power_levels_w: vec![700.0, 400.0],
-        throughput: vec![1.0, 0.8],
-        speed: 1.0,
-        idle_w: 50.0,
-    };
-    store.upsert_gpu_model("H100", &model).await?;
+    let sites = [
+        ("site-0", Some("Z0"), 1000),
+        ("site-1", Some("Z1"), 1000),
+        ("site-2", Some("Z2"), 1000),
+        ("site-3", Some("Z3"), 1000),
+    ];
+    let store = bench_store(db_url, &sites).await?;
     let hour = chrono::DurationRound::duration_trunc(Utc::now(), chrono::Duration::hours(1))?;
     let mut points = Vec::new();
-    for s in 0..4 {
-        let site = SiteConfig {
-            id: format!("site-{s}"),
-            zone: Some(format!("Z{s}")),
-            gpus: [("H100".to_string(), 1000)].into_iter().collect(),
-            pue: 1.2,
-            grid_limit_kw: None,
-            wan_gbps: 10.0,
-        };
-        store.upsert_site(&site, Utc::now()).await?;
+    for (s, (site, _, _)) in sites.iter().enumerate() {
         for h in -1..26 {
             let phase = (h as f64 + 6.0 * s as f64) / 24.0 * std::f64::consts::TAU;
             points.push(windfall_forecasts::ForecastPoint {
                 issued_utc: hour - chrono::Duration::hours(2),
                 time_utc: hour + chrono::Duration::hours(h),
-                site: site.id.clone(),
+                site: (*site).to_string(),
                 surplus_kw: Some((200.0 * phase.sin()).max(0.0)),
                 carbon_g_per_kwh: Some(250.0 + 150.0 * phase.cos()),
                 carbon_signal: windfall_forecasts::CarbonSignal::Average,
@@ -319,16 +306,16 @@ pub async fn dashboard(db_url: &str, jobs: usize, browser: bool) -> Result<Strin
     store.insert_forecasts("bench", &points).await?;
     let seeded = Instant::now();
     for i in 0..jobs {
-        let i32_ = i as u32;
+        let k = i as u32;
         store
             .insert_job(&crate::model::JobRecord {
                 id: format!("job-{i:05}"),
                 state: crate::model::JobState::Queued,
-                gpus: 1 + i32_ % 4,
+                gpus: 1 + k % 4,
                 gpu_models: Vec::new(),
-                work_hours: 1.0 + f64::from(i32_ % 4),
+                work_hours: 1.0 + f64::from(k % 4),
                 release_utc: hour,
-                deadline_utc: hour + chrono::Duration::hours(8 + i64::from(i32_ % 16)),
+                deadline_utc: hour + chrono::Duration::hours(8 + i64::from(k % 16)),
                 checkpoint_gb: 5.0,
                 save_s: 60.0,
                 restore_s: 120.0,

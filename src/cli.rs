@@ -787,13 +787,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
             migratable,
             command,
         } => {
-            let time = |flag: &str, text: &str| -> Result<String> {
-                DateTime::parse_from_rfc3339(text)
-                    .map(|t| t.with_timezone(&Utc).to_rfc3339())
-                    .with_context(|| {
-                        format!("{flag} `{text}` is not an RFC 3339 time with an offset")
-                    })
-            };
+            let time = |flag: &str, text: &str| utc_arg(flag, text).map(|t| t.to_rfc3339());
             let mut body = serde_json::json!({
                 "gpus": gpus, "work_hours": work_hours, "deadline_utc": time("--deadline", &deadline)?,
                 "home_site": home_site, "gpu_models": gpu_models, "checkpoint_gb": checkpoint_gb,

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -19,12 +20,12 @@ use axum::{Form, Router};
 use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
 use serde_json::Value;
-use windfall_solver::{Instance, validate};
+use windfall_solver::Instance;
 
 use crate::auth::{Principal, Role};
 use crate::model::PlanRecord;
 use crate::report::{PlanFigures, escape, site_chart};
-use crate::server::{Shared, principal_for_token};
+use crate::server::{CachedPlan, Shared, principal_for_token};
 
 const COOKIE: &str = "windfall_session";
 const STYLE: &str = include_str!("../dashboard/style.css");
@@ -196,29 +197,34 @@ fn error_page(who: &Principal, status: StatusCode, message: &str) -> Response {
 }
 
 /// The latest plan with its instance and the validator's figures.
-struct Loaded {
-    record: PlanRecord,
-    instance: Instance,
-    validation: windfall_solver::Validation,
+/// Borrowed from the server's plan cache, which parses and validates each plan once.
+struct Loaded<'a> {
+    record: &'a PlanRecord,
+    instance: &'a Instance,
+    validation: &'a windfall_solver::Validation,
 }
 
-async fn latest(state: &Shared) -> Result<Option<Loaded>, String> {
-    let cached = state
+impl Loaded<'_> {
+    fn of(cached: &CachedPlan) -> Result<Loaded<'_>, String> {
+        let broken = || {
+            format!(
+                "plan #{}: the stored instance does not parse",
+                cached.plan.id
+            )
+        };
+        Ok(Loaded {
+            record: &cached.plan,
+            instance: cached.instance().ok_or_else(broken)?,
+            validation: cached.validation().ok_or_else(broken)?,
+        })
+    }
+}
+
+async fn latest(state: &Shared) -> Result<Option<Arc<CachedPlan>>, String> {
+    state
         .latest_plan_cached()
         .await
-        .map_err(|_| "the plan store is unavailable".to_string())?;
-    let Some(cached) = cached else {
-        return Ok(None);
-    };
-    let record = cached.plan.clone();
-    let instance = Instance::from_json(&record.instance_json)
-        .map_err(|e| format!("plan #{}: stored instance: {e}", record.id))?;
-    let validation = validate(&instance, &record.plan);
-    Ok(Some(Loaded {
-        record,
-        instance,
-        validation,
-    }))
+        .map_err(|_| "the plan store is unavailable".to_string())
 }
 
 fn no_plan(who: &Principal, here: &str) -> Response {
@@ -231,13 +237,19 @@ fn no_plan(who: &Principal, here: &str) -> Response {
     .into_response()
 }
 
+/// Binds `$cached` to the latest plan and `$l` to its `Loaded` view, or returns the page that
+/// says why there is none.
 macro_rules! load_or_return {
-    ($state:expr, $who:expr, $here:expr) => {
-        match latest(&$state).await {
-            Ok(Some(l)) => l,
+    ($state:expr, $who:expr, $here:expr, $cached:ident, $l:ident) => {
+        let $cached = match latest(&$state).await {
+            Ok(Some(c)) => c,
             Ok(None) => return no_plan(&$who, $here),
             Err(e) => return error_page(&$who, StatusCode::INTERNAL_SERVER_ERROR, &e),
-        }
+        };
+        let $l = match Loaded::of(&$cached) {
+            Ok(l) => l,
+            Err(e) => return error_page(&$who, StatusCode::INTERNAL_SERVER_ERROR, &e),
+        };
     };
 }
 
@@ -248,25 +260,12 @@ fn kpi(id: &str, label: &str, value: String, note: String) -> String {
     )
 }
 
-/// Stale-forecast lines of a plan (empty when none was filled by the fallback).
-fn degraded(record: &PlanRecord) -> Vec<String> {
-    record
-        .provenance
-        .iter()
-        .flat_map(|p| {
-            p.degraded
-                .iter()
-                .map(move |r| format!("site {}: {r}", p.site))
-        })
-        .collect()
-}
-
 async fn overview(
     State(state): State<Shared>,
     Reader(who): Reader,
     Query(period): Query<Period>,
 ) -> Response {
-    let l = load_or_return!(state, who, "overview");
+    load_or_return!(state, who, "overview", cached, l);
     let m = &l.record.metrics;
     let change = if m.baseline_emissions_g > 0.0 {
         100.0 * (m.emissions_g - m.baseline_emissions_g) / m.baseline_emissions_g
@@ -308,7 +307,7 @@ async fn overview(
         status = escape(&m.status),
         gap = 100.0 * m.gap,
     );
-    let stale = degraded(&l.record);
+    let stale = crate::model::degraded_reasons(&l.record.provenance);
     if stale.is_empty() {
         body.push_str(
             "<p id=\"forecast-status\" class=\"ok\">Forecasts: fresh for every site and slot.</p>",
@@ -454,7 +453,7 @@ async fn overview(
 }
 
 async fn sites(State(state): State<Shared>, Reader(who): Reader) -> Response {
-    let l = load_or_return!(state, who, "sites");
+    load_or_return!(state, who, "sites", cached, l);
     let mut body = String::from("<h1>Sites</h1><ul>");
     for site in &l.instance.sites {
         let _ = write!(
@@ -472,7 +471,7 @@ async fn site_page(
     Reader(who): Reader,
     Path(id): Path<String>,
 ) -> Response {
-    let l = load_or_return!(state, who, "sites");
+    load_or_return!(state, who, "sites", cached, l);
     let Some(index) = l.instance.sites.iter().position(|s| s.id == id) else {
         return error_page(
             &who,
@@ -483,9 +482,9 @@ async fn site_page(
     let site = &l.instance.sites[index];
     let series = &l.validation.sites[index];
     let figures = PlanFigures {
-        record: &l.record,
-        instance: &l.instance,
-        validation: &l.validation,
+        record: l.record,
+        instance: l.instance,
+        validation: l.validation,
     };
     let mut body = format!(
         "<h1>Site {id}</h1><p class=\"muted\">Zone {zone} · PUE {pue} · grid limit {limit} · WAN {wan} Gbit/s · \
@@ -572,7 +571,7 @@ async fn jobs_page(
     Query(filter): Query<JobFilter>,
 ) -> Response {
     let started = Instant::now();
-    let l = load_or_return!(state, who, "jobs");
+    load_or_return!(state, who, "jobs", cached, l);
     let records = match state.store.jobs(None).await {
         Ok(r) => r,
         Err(e) => return error_page(&who, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -793,13 +792,12 @@ async fn job_page(
             .map(|r| format!(" · {}", escape(r)))
             .unwrap_or_default(),
     );
-    if let Ok(Some(l)) = latest(&state).await {
-        let slot = Duration::minutes(i64::from(l.record.slot_minutes));
-        let planned = windfall_solver::job_emissions_g(&l.instance, &l.record.plan);
-        let baseline = windfall_solver::job_emissions_g(
-            &l.instance,
-            &windfall_solver::baseline_plan(&l.instance),
-        );
+    if let Ok(Some(cached)) = latest(&state).await
+        && let Some(attribution) = cached.attribution()
+    {
+        let l = &cached.plan;
+        let slot = Duration::minutes(i64::from(l.slot_minutes));
+        let (planned, baseline) = (&attribution.planned, &attribution.baseline);
         let sum = |m: &BTreeMap<String, Vec<(usize, f64)>>| {
             m.get(&id)
                 .map_or(0.0, |v| v.iter().map(|(_, g)| g).sum::<f64>())
@@ -808,15 +806,15 @@ async fn job_page(
             body,
             "<h2>Carbon in plan #{}</h2><p><span id=\"job-emissions-kg\">{:.3}</span> kg CO2e planned against {:.3} kg run-now (its own GPU power, PUE included)</p>\
              <table><tr><th class=\"l\">slot start (UTC)</th><th class=\"l\">site</th><th>power cap W</th><th class=\"l\">GPU model</th></tr>",
-            l.record.id,
-            sum(&planned) / 1000.0,
-            sum(&baseline) / 1000.0
+            l.id,
+            sum(planned) / 1000.0,
+            sum(baseline) / 1000.0
         );
-        for a in l.record.plan.assignments.iter().filter(|a| a.job == id) {
+        for a in l.plan.assignments.iter().filter(|a| a.job == id) {
             let _ = write!(
                 body,
                 "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
-                (l.record.horizon_start_utc + slot * a.slot as i32).format("%Y-%m-%d %H:%M"),
+                (l.horizon_start_utc + slot * a.slot as i32).format("%Y-%m-%d %H:%M"),
                 escape(&a.site),
                 a.power_w,
                 escape(a.gpu_model.as_deref().unwrap_or("-"))
@@ -978,19 +976,24 @@ async fn plan_horizon(state: &Shared) -> Option<(DateTime<Utc>, DateTime<Utc>)> 
     Some((p.horizon_start_utc, end))
 }
 
+/// The report for the query's period, by default the current plan's horizon.
+async fn period_report(state: &Shared, q: &Period) -> Result<crate::period::PeriodReport, String> {
+    let (from, to) = period_bounds(q, plan_horizon(state).await)?;
+    crate::period::PeriodReport::build(&state.store, from, to)
+        .await
+        .map_err(|e| format!("{e:#}"))
+}
+
 async fn reports_page(
     State(state): State<Shared>,
     Reader(who): Reader,
     Query(q): Query<Period>,
 ) -> Response {
-    let (from, to) = match period_bounds(&q, plan_horizon(&state).await) {
-        Ok(b) => b,
+    let report = match period_report(&state, &q).await {
+        Ok(r) => r,
         Err(e) => return error_page(&who, StatusCode::BAD_REQUEST, &e),
     };
-    let report = match crate::period::PeriodReport::build(&state.store, from, to).await {
-        Ok(r) => r,
-        Err(e) => return error_page(&who, StatusCode::BAD_REQUEST, &format!("{e:#}")),
-    };
+    let (from, to) = (report.from_utc, report.to_utc);
     let (f, t) = (from.to_rfc3339(), to.to_rfc3339());
     let link = |format: &str| {
         format!(
@@ -1082,14 +1085,11 @@ async fn report_download(
     Reader(who): Reader,
     Query(q): Query<Period>,
 ) -> Response {
-    let (from, to) = match period_bounds(&q, plan_horizon(&state).await) {
-        Ok(b) => b,
+    let report = match period_report(&state, &q).await {
+        Ok(r) => r,
         Err(e) => return error_page(&who, StatusCode::BAD_REQUEST, &e),
     };
-    let report = match crate::period::PeriodReport::build(&state.store, from, to).await {
-        Ok(r) => r,
-        Err(e) => return error_page(&who, StatusCode::BAD_REQUEST, &format!("{e:#}")),
-    };
+    let (from, to) = (report.from_utc, report.to_utc);
     let (text, kind, ext) = match q.format.as_deref().unwrap_or("md") {
         "md" => (report.markdown(), "text/markdown; charset=utf-8", "md"),
         "csv" => (report.csv(), "text/csv; charset=utf-8", "csv"),

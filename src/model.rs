@@ -194,6 +194,18 @@ pub struct SignalProvenance {
     pub degraded: Vec<String>,
 }
 
+/// Every degraded-signal reason of a plan, as `site ID: reason` lines.
+pub fn degraded_reasons(provenance: &[SignalProvenance]) -> Vec<String> {
+    provenance
+        .iter()
+        .flat_map(|p| {
+            p.degraded
+                .iter()
+                .map(move |r| format!("site {}: {r}", p.site))
+        })
+        .collect()
+}
+
 /// A plan to store: the solver's output plus context.
 #[derive(Clone, Debug)]
 pub struct NewPlan {

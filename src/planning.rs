@@ -135,14 +135,7 @@ pub async fn run_cycle(
             _ => {}
         }
     }
-    let degraded: Vec<String> = provenance
-        .iter()
-        .flat_map(|p| {
-            p.degraded
-                .iter()
-                .map(move |r| format!("site {}: {r}", p.site))
-        })
-        .collect();
+    let degraded = crate::model::degraded_reasons(&provenance);
     instance.params.change_penalty_g = config.change_penalty_g;
     let jobs = instance.jobs.len();
     let options = SolveOptions {

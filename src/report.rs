@@ -116,10 +116,8 @@ impl PlanFigures<'_> {
             100.0 * m.gap,
             m.solve_seconds
         );
-        for p in &self.record.provenance {
-            for reason in &p.degraded {
-                let _ = writeln!(out, "  DEGRADED       site {}: {reason}", p.site);
-            }
+        for reason in crate::model::degraded_reasons(&self.record.provenance) {
+            let _ = writeln!(out, "  DEGRADED       {reason}");
         }
         for violation in v.violations.iter().take(10) {
             let _ = writeln!(out, "  violation: {violation}");

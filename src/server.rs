@@ -58,27 +58,47 @@ pub(crate) struct CachedPlan {
     commands: BTreeMap<String, (Option<String>, u32)>,
     /// Per site, the directives over the whole horizon as sent (the usual poll, without a range).
     whole_horizon: std::sync::Mutex<BTreeMap<String, Arc<String>>>,
+    /// The instance the plan solved, parsed on first use.
+    instance: std::sync::OnceLock<Option<windfall_solver::Instance>>,
+    /// The validator's recomputation of the plan, on first use.
+    validation: std::sync::OnceLock<Option<windfall_solver::Validation>>,
     /// Per job, emissions attributed under the plan and under the run-now baseline, computed on
     /// first use.
     attribution: std::sync::OnceLock<Option<Attribution>>,
 }
 
 /// Per job, (slot, g CO2e) under the plan and under the run-now baseline of the same instance.
-struct Attribution {
-    planned: BTreeMap<String, Vec<(usize, f64)>>,
-    baseline: BTreeMap<String, Vec<(usize, f64)>>,
+pub(crate) struct Attribution {
+    pub(crate) planned: BTreeMap<String, Vec<(usize, f64)>>,
+    pub(crate) baseline: BTreeMap<String, Vec<(usize, f64)>>,
 }
 
 impl CachedPlan {
-    fn attribution(&self) -> Option<&Attribution> {
+    /// The stored instance (`None` if it no longer parses).
+    pub(crate) fn instance(&self) -> Option<&windfall_solver::Instance> {
+        self.instance
+            .get_or_init(|| windfall_solver::Instance::from_json(&self.plan.instance_json).ok())
+            .as_ref()
+    }
+
+    /// The validator's figures for the plan.
+    pub(crate) fn validation(&self) -> Option<&windfall_solver::Validation> {
+        self.validation
+            .get_or_init(|| {
+                self.instance()
+                    .map(|i| windfall_solver::validate(i, &self.plan.plan))
+            })
+            .as_ref()
+    }
+
+    pub(crate) fn attribution(&self) -> Option<&Attribution> {
         self.attribution
             .get_or_init(|| {
-                let instance =
-                    windfall_solver::Instance::from_json(&self.plan.instance_json).ok()?;
-                let baseline = windfall_solver::baseline_plan(&instance);
+                let instance = self.instance()?;
+                let baseline = windfall_solver::baseline_plan(instance);
                 Some(Attribution {
-                    planned: windfall_solver::job_emissions_g(&instance, &self.plan.plan),
-                    baseline: windfall_solver::job_emissions_g(&instance, &baseline),
+                    planned: windfall_solver::job_emissions_g(instance, &self.plan.plan),
+                    baseline: windfall_solver::job_emissions_g(instance, &baseline),
                 })
             })
             .as_ref()
@@ -142,6 +162,8 @@ impl AppState {
             plan,
             commands,
             whole_horizon: std::sync::Mutex::new(BTreeMap::new()),
+            instance: std::sync::OnceLock::new(),
+            validation: std::sync::OnceLock::new(),
             attribution: std::sync::OnceLock::new(),
         });
         *cache = Some(fresh.clone());

@@ -419,6 +419,10 @@ pub struct Agent {
     sent_rx: mpsc::UnboundedReceiver<Sent>,
     /// Jobs whose transfer failed, with the wall time to try again.
     retry_after: BTreeMap<String, DateTime<Utc>>,
+    /// Jobs whose checkpoint is being streamed right now.
+    in_flight: BTreeSet<String>,
+    /// The last progress line reported per job.
+    progress: BTreeMap<String, String>,
     /// Messages already logged once (waiting for a checkpoint, budget refusals).
     said: BTreeSet<String>,
 }
@@ -471,6 +475,8 @@ impl Agent {
             sent_tx,
             sent_rx,
             retry_after: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
+            progress: BTreeMap::new(),
             said: BTreeSet::new(),
         })
     }
@@ -709,6 +715,7 @@ impl Agent {
 
     /// A job's process ended (outside a checkpoint request).
     async fn settle(&mut self, job: &str, status: JobStatus) {
+        self.progress.remove(job);
         let dir = self.job_dir(job);
         if has_checkpoint(&dir.join("checkpoint")) {
             // It confirmed a checkpoint before ending: paused, not finished.
@@ -867,7 +874,7 @@ impl Agent {
                 }
                 Phase::Sending => {
                     let due = self.retry_after.get(&job).is_none_or(|t| *t <= Utc::now());
-                    if due && !self.sending(&job) {
+                    if due && !self.in_flight.contains(&job) {
                         self.begin_send(&job).await;
                     }
                 }
@@ -899,13 +906,10 @@ impl Agent {
             return;
         };
         let text = text.trim().to_string();
-        let key = format!("progress {job} {text}");
-        if text.is_empty() || self.said.contains(&key) {
+        if text.is_empty() || self.progress.get(job) == Some(&text) {
             return;
         }
-        self.said
-            .retain(|k| !k.starts_with(&format!("progress {job} ")));
-        self.said.insert(key);
+        self.progress.insert(job.to_string(), text.clone());
         self.event("progress", Some(job), json!({ "progress": text }))
             .await;
     }
@@ -1090,10 +1094,6 @@ impl Agent {
             .join(format!("{job}.tar"))
     }
 
-    fn sending(&self, job: &str) -> bool {
-        self.said.contains(&format!("sending {job}"))
-    }
-
     /// Packs the confirmed checkpoint (once) and streams it in the background.
     async fn begin_send(&mut self, job: &str) {
         let dir = self.job_dir(job);
@@ -1131,7 +1131,7 @@ impl Agent {
             json!({ "to": grant.to, "bytes": fs::metadata(&archive).map(|m| m.len()).unwrap_or(0) }),
         )
         .await;
-        self.said.insert(format!("sending {job}"));
+        self.in_flight.insert(job.to_string());
         let http = self.http.clone();
         let tx = self.sent_tx.clone();
         let chunk = self.config.chunk_bytes;
@@ -1153,7 +1153,7 @@ impl Agent {
 
     async fn transfer_finished(&mut self, sent: Sent) {
         let job = sent.job;
-        self.said.remove(&format!("sending {job}"));
+        self.in_flight.remove(&job);
         match sent.outcome {
             Ok(report) => {
                 // The destination confirmed the whole archive: only now drop the local copy.

@@ -93,7 +93,7 @@ pub struct Receiver {
     /// Checks tokens.
     pub planner: PlannerLink,
     verified: Mutex<HashMap<String, TransferScope>>,
-    /// One upload at a time per job.
+    /// One chunk write or completion at a time (they append to and hash the same files).
     uploads: Mutex<()>,
 }
 
@@ -327,6 +327,12 @@ async fn complete(
     Ok(Json(json!({ "job": job, "verified": true, "bytes": size })))
 }
 
+/// The destination's refusal (a 403: no valid token for this move), as an error.
+async fn refused(job: &str, response: reqwest::Response) -> anyhow::Error {
+    let text = response.text().await.unwrap_or_default();
+    anyhow::anyhow!("the destination refused the transfer of job {job}: {text}")
+}
+
 /// How a transfer went.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TransferReport {
@@ -386,13 +392,7 @@ pub async fn send(
                     continue;
                 }
             },
-            Ok(r)
-                if r.status() == StatusCode::FORBIDDEN
-                    || r.status() == StatusCode::UNAUTHORIZED =>
-            {
-                let text = r.text().await.unwrap_or_default();
-                bail!("the destination refused the transfer of job {job}: {text}");
-            }
+            Ok(r) if r.status() == StatusCode::FORBIDDEN => return Err(refused(job, r).await),
             _ => {
                 failures += 1;
                 report.resumed_after_errors += 1;
@@ -435,13 +435,7 @@ pub async fn send(
                     let v: Value = r.json().await.unwrap_or(Value::Null);
                     offset = v["received_bytes"].as_u64().unwrap_or(0).min(size);
                 }
-                Ok(r)
-                    if r.status() == StatusCode::FORBIDDEN
-                        || r.status() == StatusCode::UNAUTHORIZED =>
-                {
-                    let text = r.text().await.unwrap_or_default();
-                    bail!("the destination refused the transfer of job {job}: {text}");
-                }
+                Ok(r) if r.status() == StatusCode::FORBIDDEN => return Err(refused(job, r).await),
                 _ => {
                     failures += 1;
                     report.resumed_after_errors += 1;

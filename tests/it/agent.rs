@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::service::{Api, Server, token};
+use super::service::{Api, FORECAST_CSV_HEADER, Server, token};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_windfall-workload");
 const STEPS: u64 = 120;
@@ -172,9 +172,7 @@ async fn plan_a_move(api: &Api, admin: &str, hour: DateTime<Utc>, command: &str)
         let (status, body) = api.put(&format!("/v1/sites/{id}"), admin, site).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
-    let mut csv = String::from(
-        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
-    );
+    let mut csv = String::from(FORECAST_CSV_HEADER);
     for h in -1..26 {
         let t = hour + Duration::hours(h);
         for (site, clean_hour) in [("a", 0), ("b", 1)] {
@@ -186,16 +184,7 @@ async fn plan_a_move(api: &Api, admin: &str, hour: DateTime<Utc>, command: &str)
             ));
         }
     }
-    let response = api
-        .http
-        .post(format!("{}/v1/forecasts", api.base))
-        .bearer_auth(admin)
-        .header("X-Windfall-Source", "test")
-        .body(csv)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    api.upload_forecasts(admin, csv).await;
     let job = json!({ "id": "j", "gpus": 1, "work_hours": 2, "migratable": true,
         "home_site": "a", "checkpoint_gb": 0.002, "command": command,
         "release_utc": hour.to_rfc3339(),
@@ -577,9 +566,7 @@ async fn one_site(
     );
     let site = json!({ "zone": "Z", "gpus": { "H100": gpus }, "pue": 1.1, "wan_gbps": 10 });
     assert_eq!(api.put("/v1/sites/a", admin, site).await.0, StatusCode::OK);
-    let mut csv = String::from(
-        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
-    );
+    let mut csv = String::from(FORECAST_CSV_HEADER);
     for h in -1..26 {
         csv.push_str(&format!(
             "{},{},a,0,100,average,50\n",
@@ -587,16 +574,7 @@ async fn one_site(
             (hour + Duration::hours(h)).to_rfc3339()
         ));
     }
-    let response = api
-        .http
-        .post(format!("{}/v1/forecasts", api.base))
-        .bearer_auth(admin)
-        .header("X-Windfall-Source", "test")
-        .body(csv)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    api.upload_forecasts(admin, csv).await;
     for (id, release_h, deadline_h, work_h, steps) in jobs {
         let job_dir = dir.join(id);
         std::fs::create_dir_all(&job_dir).unwrap();

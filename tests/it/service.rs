@@ -158,6 +158,10 @@ pub(crate) fn token(db: &str, role: &str, name: &str, site: Option<&str>) -> Str
     stdout(&windfall(&args)).trim().to_string()
 }
 
+/// The canonical forecast CSV header.
+pub(crate) const FORECAST_CSV_HEADER: &str =
+    "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n";
+
 pub(crate) struct Api {
     pub(crate) http: reqwest::Client,
     pub(crate) base: String,
@@ -201,6 +205,19 @@ impl Api {
         self.call(reqwest::Method::POST, path, Some(token), Some(body))
             .await
     }
+    /// Uploads canonical forecast CSV as `token`'s user; the upload must succeed.
+    pub(crate) async fn upload_forecasts(&self, token: &str, csv: String) {
+        let response = self
+            .http
+            .post(format!("{}/v1/forecasts", self.base))
+            .bearer_auth(token)
+            .header("X-Windfall-Source", "test")
+            .body(csv)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
     pub(crate) async fn put(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
         self.call(reqwest::Method::PUT, path, Some(token), Some(body))
             .await
@@ -221,9 +238,7 @@ async fn set_up_fleet(api: &Api, admin: &str) {
     }
     let hour = Utc::now().duration_trunc(Duration::hours(1)).unwrap();
     let issued = hour - Duration::hours(2);
-    let mut csv = String::from(
-        "issued_utc,time_utc,site,surplus_kw,carbon_g_per_kwh,carbon_signal,price_usd_per_mwh\n",
-    );
+    let mut csv = String::from(FORECAST_CSV_HEADER);
     for h in -1..26 {
         let t = hour + Duration::hours(h);
         for (site, carbon) in [("clean", 40.0 + h as f64), ("dirty", 700.0)] {
@@ -234,16 +249,7 @@ async fn set_up_fleet(api: &Api, admin: &str) {
             ));
         }
     }
-    let response = api
-        .http
-        .post(format!("{}/v1/forecasts", api.base))
-        .bearer_auth(admin)
-        .header("X-Windfall-Source", "test")
-        .body(csv)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    api.upload_forecasts(admin, csv).await;
 }
 
 /// Submits `n` migratable jobs `j0..` of 1-2 GPUs and 2-4 work hours, homed at `dirty`, with
