@@ -51,6 +51,9 @@ pub enum MethodArg {
     Heuristic,
     ColumnGeneration,
     DirectMilp,
+    /// The heuristic, then the Lagrangian bound and a construction at its prices (what `auto`
+    /// does above 200 jobs).
+    Lagrangian,
 }
 
 /// Where the database is: `sqlite://PATH` (the embedded default) or `postgres://...`.
@@ -286,6 +289,13 @@ pub enum BenchCommand {
         /// The public data folder.
         #[arg(long, default_value = "../shared/data")]
         data: PathBuf,
+        /// Write each size's instance (the `windfall solve` format) to this folder, as
+        /// `bench-<size>.json`, so any run can be repeated with `windfall solve`.
+        #[arg(long)]
+        save_instances: Option<PathBuf>,
+        /// Leave out the direct MILP (it takes over 7 minutes on M).
+        #[arg(long)]
+        no_direct: bool,
         /// Run the one size given in this process and print its result as JSON.
         #[arg(long, hide = true)]
         child: bool,
@@ -466,7 +476,9 @@ pub enum Command {
         /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
         #[arg(long, default_value_t = 1e-4)]
         gap: f64,
-        /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation above), `heuristic`
+        /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation up to 200, the
+        /// Lagrangian bound with constructions at its prices above), `lagrangian` (that at any
+        /// size), `heuristic`
         /// (constructive heuristic alone: fast, no optimality claim), `column-generation` (at any
         /// size) or `direct-milp` (the time-indexed MILP over every job at any size, for
         /// comparison).
@@ -618,11 +630,13 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                         MethodArg::Heuristic => Method::Heuristic,
                         MethodArg::ColumnGeneration => Method::ColumnGeneration,
                         MethodArg::DirectMilp => Method::DirectMilp,
+                        MethodArg::Lagrangian => Method::Lagrangian,
                     }
                 },
                 log: solver_log,
                 bound: true,
-                max_colgen_rounds: 400,
+                stop: crate::solver_bench::stop_after(time_limit),
+                ..SolveOptions::default()
             };
             let started = Instant::now();
             let mut solution = solve(&parsed, &options);
@@ -962,7 +976,18 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(BenchCommand::Solver { sizes, data, child }) => {
+        Command::Bench(BenchCommand::Solver {
+            sizes,
+            data,
+            save_instances,
+            no_direct,
+            child,
+        }) => {
+            let run = crate::solver_bench::RunOptions {
+                data,
+                save_instances,
+                direct: !no_direct,
+            };
             if child {
                 let [name] = sizes.as_slice() else {
                     anyhow::bail!("--child runs exactly one size");
@@ -971,10 +996,10 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                     .iter()
                     .find(|s| s.name.eq_ignore_ascii_case(name))
                     .with_context(|| format!("unknown size `{name}`: choose S, M or L"))?;
-                let result = crate::solver_bench::run_size(size, &data)?;
+                let result = crate::solver_bench::run_size(size, &run)?;
                 println!("{}", serde_json::to_string(&result)?);
             } else {
-                print!("{}", crate::solver_bench::run(&sizes, &data)?);
+                print!("{}", crate::solver_bench::run(&sizes, &run)?);
             }
             Ok(ExitCode::SUCCESS)
         }

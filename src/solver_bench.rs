@@ -54,6 +54,8 @@ pub struct Size {
     pub direct_limit_s: Option<f64>,
     /// Column-generation rounds (the solver has no clock: rounds bound the pricing work).
     pub colgen_rounds: usize,
+    /// Most Lagrangian subgradient iterations (the time limit usually ends them first).
+    pub dual_iterations: usize,
 }
 
 /// The sizes of the solver-at-scale targets.
@@ -66,6 +68,7 @@ pub const SIZES: [Size; 3] = [
         limit_s: 5.0,
         direct_limit_s: Some(5.0),
         colgen_rounds: 400,
+        dual_iterations: 300,
     },
     Size {
         name: "M",
@@ -75,6 +78,7 @@ pub const SIZES: [Size; 3] = [
         limit_s: 30.0,
         direct_limit_s: Some(120.0),
         colgen_rounds: 10,
+        dual_iterations: 5000,
     },
     Size {
         name: "L",
@@ -84,8 +88,27 @@ pub const SIZES: [Size; 3] = [
         limit_s: 300.0,
         direct_limit_s: None,
         colgen_rounds: 5,
+        dual_iterations: 5000,
     },
 ];
+
+/// A stop signal that fires `limit_s` seconds from now: the wall-time limit the solver's own
+/// loops honour (HiGHS keeps its own).
+pub fn stop_after(limit_s: f64) -> windfall_solver::Stop {
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(limit_s.max(0.0));
+    windfall_solver::Stop::new(move || Instant::now() >= deadline)
+}
+
+/// What to run besides windfall's solve.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The public data folder.
+    pub data: PathBuf,
+    /// Where to write each size's instance, if anywhere.
+    pub save_instances: Option<PathBuf>,
+    /// Whether to run the direct MILP on the sizes that have a limit for it.
+    pub direct: bool,
+}
 
 /// One solve's figures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -163,7 +186,8 @@ impl Drop for TempDir {
 }
 
 /// Builds and solves one size in this process.
-pub fn run_size(size: &Size, data: &Path) -> Result<SizeResult> {
+pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
+    let data = run.data.as_path();
     let started = Instant::now();
     let dir = TempDir(std::env::temp_dir().join(format!(
         "windfall-bench-solver-{}-{}",
@@ -191,12 +215,22 @@ pub fn run_size(size: &Size, data: &Path) -> Result<SizeResult> {
     let scenario = Scenario::load(dir.path())?;
     let (instance, _) = offline_instance(&scenario);
     let build_s = started.elapsed().as_secs_f64();
+    if let Some(folder) = &run.save_instances {
+        std::fs::create_dir_all(folder)
+            .with_context(|| format!("creating {}", folder.display()))?;
+        let path = folder.join(format!("bench-{}.json", size.name));
+        std::fs::write(&path, serde_json::to_string(&instance)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("  instance written to {}", path.display());
+    }
     let windfall = figures(
         &instance,
         &SolveOptions {
             time_limit_s: size.limit_s,
             mip_rel_gap: 1e-3,
             max_colgen_rounds: size.colgen_rounds,
+            max_dual_iterations: size.dual_iterations,
+            stop: stop_after(size.limit_s),
             ..SolveOptions::default()
         },
     );
@@ -212,7 +246,7 @@ pub fn run_size(size: &Size, data: &Path) -> Result<SizeResult> {
         peak_mib,
         windfall.method
     );
-    let direct = size.direct_limit_s.map(|limit_s| {
+    let direct = size.direct_limit_s.filter(|_| run.direct).map(|limit_s| {
         figures(
             &instance,
             &SolveOptions {
@@ -234,7 +268,7 @@ pub fn run_size(size: &Size, data: &Path) -> Result<SizeResult> {
 }
 
 /// Runs the named sizes, each in a child process, and returns a Markdown table.
-pub fn run(sizes: &[String], data: &Path) -> Result<String> {
+pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
     let exe: PathBuf = std::env::current_exe().context("locating the windfall binary")?;
     let mut rows = Vec::new();
     for name in sizes {
@@ -252,9 +286,17 @@ pub fn run(sizes: &[String], data: &Path) -> Result<String> {
             size.direct_limit_s
                 .map_or(String::new(), |l| format!(", direct MILP limit {l} s"))
         );
-        let output = Command::new(&exe)
+        let mut child = Command::new(&exe);
+        child
             .args(["bench", "solver", "--child", "--sizes", size.name, "--data"])
-            .arg(data)
+            .arg(&run.data);
+        if let Some(folder) = &run.save_instances {
+            child.arg("--save-instances").arg(folder);
+        }
+        if !run.direct {
+            child.arg("--no-direct");
+        }
+        let output = child
             .stderr(std::process::Stdio::inherit())
             .output()
             .context("running the size in a child process")?;

@@ -12,11 +12,20 @@ use crate::plan::Infeasible;
 use crate::problem::{Problem, Schedule, Slot};
 
 /// Residual state while jobs are placed one by one.
-struct Residual {
+struct Residual<'p> {
     /// Load per site and slot, kW.
     load_kw: Vec<Vec<f64>>,
     /// Free GPUs per pool and slot.
     free: Vec<Vec<u32>>,
+    /// When set, placements are costed at these prices instead of the exact marginal cost.
+    prices: Option<&'p Prices>,
+}
+
+/// Prices of the coupling rows (from the Lagrangian dual): g per GPU per pool and slot, and g
+/// per kW held for a slot per site and slot.
+pub(crate) struct Prices {
+    pub gpu: Vec<Vec<f64>>,
+    pub kw: Vec<Vec<f64>>,
 }
 
 /// A schedule and the jobs it leaves out, with the reason.
@@ -25,9 +34,10 @@ pub(crate) type Pass = (Schedule, Vec<(usize, String)>);
 /// Rounds of remove-and-reinsert after the first pass.
 const IMPROVEMENT_ROUNDS: usize = 10;
 
-impl Residual {
-    fn new(problem: &Problem) -> Residual {
+impl<'p> Residual<'p> {
+    fn new(problem: &Problem) -> Residual<'p> {
         Residual {
+            prices: None,
             load_kw: (0..problem.inst.sites.len())
                 .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
                 .collect(),
@@ -56,6 +66,9 @@ impl Residual {
             && add_kw > 0.0
         {
             return None;
+        }
+        if let Some(prices) = self.prices {
+            return Some(add_kw * prices.kw[site][slot]);
         }
         Some((after - before) * problem.slot_h * problem.grid_cost_g_per_kwh(site, slot))
     }
@@ -89,6 +102,12 @@ impl Residual {
             return None;
         }
         let mut cost = problem.inst.params.migration_penalty_g * migrations as f64;
+        if let Some(prices) = self.prices {
+            cost += runs
+                .iter()
+                .map(|r| f64::from(gpus) * prices.gpu[r.pool][r.slot])
+                .sum::<f64>();
+        }
         for ((site, slot), kw) in problem.added_load_kw(job, runs) {
             cost += self.marginal_cost_g(problem, site, slot, kw)?;
         }
@@ -144,7 +163,15 @@ pub(crate) fn progress(problem: &Problem, job: usize, runs: &[Slot]) -> Option<(
 /// those jobs placed first. The pass that places
 /// more jobs, then costs less, wins. Rationale: spreading is usually cheaper but can take
 /// capacity a later job needed, and deadline order can starve a large job with a late deadline.
-pub(crate) fn construct(problem: &Problem, skip: &[bool]) -> Pass {
+///
+/// With `quick` only the two deadline-order passes run (large instances). Once `stop` answers
+/// `true`, no further pass or improvement round starts.
+pub(crate) fn construct(
+    problem: &Problem,
+    skip: &[bool],
+    quick: bool,
+    stop: &dyn Fn() -> bool,
+) -> Pass {
     let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
     let mut best: Option<((usize, f64), Pass)> = None;
     // Largest jobs (GPU x work hours) first is the other natural order: they get the clean
@@ -154,15 +181,20 @@ pub(crate) fn construct(problem: &Problem, skip: &[bool]) -> Pass {
         let size = |j: usize| f64::from(problem.jobs[j].gpus) * problem.jobs[j].work_hours;
         size(b).total_cmp(&size(a)).then(a.cmp(&b))
     });
-    for (spread, seed_order) in [
+    let configurations = [
         (true, Vec::new()),
         (false, Vec::new()),
         (true, by_size.clone()),
         (false, by_size),
-    ] {
+    ];
+    let n_configurations = if quick { 2 } else { configurations.len() };
+    for (spread, seed_order) in configurations.into_iter().take(n_configurations) {
         let mut first: Vec<usize> = seed_order;
         for _ in 0..3 {
-            let pass = construct_pass(problem, skip, spread, &first);
+            if best.is_some() && stop() {
+                break;
+            }
+            let pass = construct_pass(problem, skip, spread, &first, None, None, stop);
             let pass_key = key(&pass);
             let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
             if best
@@ -213,8 +245,72 @@ pub(crate) fn complete(problem: &Problem, skip: &[bool], kept: &Schedule) -> Pas
     (Schedule { runs }, failed)
 }
 
-fn construct_pass(problem: &Problem, skip: &[bool], spread: bool, first: &[usize]) -> Pass {
+/// Places every job as `construct` does, but costs each first placement at the coupling
+/// prices (GPU congestion and the value of power per site and slot) instead of the marginal cost
+/// given the jobs placed before it; the improvement rounds then use exact costs. The first pass
+/// keeps each job's `relaxed` schedule (the Lagrangian subproblem's answer at these prices)
+/// where it still fits once the jobs before it are placed; the second places every job afresh.
+/// Returns the better.
+pub(crate) fn construct_priced(
+    problem: &Problem,
+    skip: &[bool],
+    prices: &Prices,
+    relaxed: &Schedule,
+    stop: &dyn Fn() -> bool,
+) -> Pass {
+    let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
+    // Jobs a pass leaves out are placed first in the next try.
+    let mut first: Vec<usize> = Vec::new();
+    let mut a = construct_pass(
+        problem,
+        skip,
+        true,
+        &first,
+        Some(prices),
+        Some(relaxed),
+        stop,
+    );
+    for _ in 0..2 {
+        if a.1.is_empty() || stop() {
+            break;
+        }
+        first.extend(a.1.iter().map(|(j, _)| *j));
+        let retry = construct_pass(
+            problem,
+            skip,
+            true,
+            &first,
+            Some(prices),
+            Some(relaxed),
+            stop,
+        );
+        if key(&retry) < key(&a) {
+            a = retry;
+        }
+    }
+    if stop() {
+        return a;
+    }
+    let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
+    let (ka, kb) = (key(&a), key(&b));
+    if ka.0 < kb.0 || (ka.0 == kb.0 && ka.1 <= kb.1) {
+        a
+    } else {
+        b
+    }
+}
+
+fn construct_pass(
+    problem: &Problem,
+    skip: &[bool],
+    spread: bool,
+    first: &[usize],
+    prices: Option<&Prices>,
+    prefer: Option<&Schedule>,
+    stop: &dyn Fn() -> bool,
+) -> Pass {
     let mut residual = Residual::new(problem);
+    residual.prices = prices;
     let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
     let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
     order.sort_by_key(|&j| {
@@ -227,12 +323,28 @@ fn construct_pass(problem: &Problem, skip: &[bool], spread: bool, first: &[usize
         )
     });
     for &job in &order {
-        if let Some((_, slots)) = best_placement(problem, &residual, job, spread) {
+        // A preferred schedule is kept when it still fits and finishes the job.
+        let preferred = prefer
+            .and_then(|p| p.runs[job].as_ref())
+            .filter(|slots| {
+                progress(problem, job, slots).is_some_and(|(done_h, migrations)| {
+                    done_h + 1e-9 >= problem.jobs[job].work_hours
+                        && residual.cost_g(problem, job, slots, migrations).is_some()
+                })
+            })
+            .cloned();
+        let placed = preferred
+            .or_else(|| best_placement(problem, &residual, job, spread).map(|(_, slots)| slots));
+        if let Some(slots) = placed {
             residual.apply(problem, job, &slots, 1.0);
             runs[job] = Some(slots);
         }
     }
+    residual.prices = None;
     for _ in 0..IMPROVEMENT_ROUNDS {
+        if stop() {
+            break;
+        }
         let mut improved = false;
         for &job in &order {
             let current = runs[job].take();
@@ -342,7 +454,10 @@ fn cheapest_slots(
                 let Some(cost) = residual.marginal_cost_g(problem, site, slot, add_kw) else {
                     continue;
                 };
-                let per_work = cost / problem.slot_work_h(pool, level);
+                let congestion = residual
+                    .prices
+                    .map_or(0.0, |p| f64::from(view.gpus) * p.gpu[pool][slot]);
+                let per_work = (cost + congestion) / problem.slot_work_h(pool, level);
                 if best.is_none_or(|(b, _)| per_work < b - 1e-12) {
                     best = Some((per_work, Slot { slot, pool, level }));
                 }
@@ -357,8 +472,15 @@ fn cheapest_slots(
     }
     options.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.slot.cmp(&b.1.slot)));
     let mut chosen: Vec<Slot> = Vec::new();
+    // Work before transfer losses: progress can only be lower, so it is checked once this much
+    // is reached.
+    let mut raw_h = 0.0;
     for (_, slot) in options {
         chosen.push(slot);
+        raw_h += problem.slot_work_h(slot.pool, slot.level);
+        if raw_h + 1e-9 < view.work_hours {
+            continue;
+        }
         chosen.sort();
         if let Some((done_h, migrations)) = progress(problem, job, &chosen)
             && done_h + 1e-9 >= view.work_hours

@@ -14,6 +14,7 @@
 //! - `heuristic`: run-now baseline and the constructive heuristic;
 //! - `milp`: the exact MILP;
 //! - `colgen`: column generation over per-job schedules and its Lagrangian bound;
+//! - `lagrange`: the subgradient Lagrangian bound and prices for large instances;
 //! - `validate`: the independent oracle.
 
 // Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
@@ -22,6 +23,7 @@
 mod colgen;
 mod heuristic;
 pub mod instance;
+mod lagrange;
 mod milp;
 pub mod plan;
 mod problem;
@@ -42,6 +44,13 @@ const NEIGHBOURHOOD_LIMIT_S: f64 = 1.0;
 /// Jobs re-optimised together in one neighbourhood.
 const NEIGHBOURHOOD_JOBS: usize = 6;
 
+/// Subgradient iterations between two constructions at the Lagrangian prices.
+const DUAL_ROUND_ITERATIONS: usize = 100;
+
+/// Above this many jobs, `Auto` skips column generation and the compact LP bound: the
+/// heuristic plans, the Lagrangian dual bounds it and prices guide its improvement.
+const LARGE_JOBS: usize = 200;
+
 /// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
 const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 
@@ -49,7 +58,8 @@ const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
     /// The heuristic, then the exact MILP started from it on up to 12 jobs, column generation
-    /// above; neighbourhood search uses what time is left.
+    /// and rounds of the Lagrangian bound with constructions at its prices up to 200 jobs, the
+    /// Lagrangian rounds alone above; neighbourhood search uses what time is left.
     #[default]
     Auto,
     /// The constructive heuristic alone.
@@ -57,6 +67,9 @@ pub enum Method {
     /// The heuristic, then column generation and neighbourhood search at any size (`Auto` uses
     /// the exact MILP instead on up to 12 jobs).
     ColumnGeneration,
+    /// The heuristic, then the Lagrangian bound and a construction at its prices, at any size
+    /// (`Auto` does this above 200 jobs).
+    Lagrangian,
     /// The heuristic, then the direct time-indexed MILP over every job with the whole time
     /// limit, at any size (no neighbourhood search): the reference the benchmark compares with.
     DirectMilp,
@@ -79,6 +92,38 @@ pub struct SolveOptions {
     /// Most column-generation rounds (each re-solves the master LP and prices every job); the
     /// solver has no clock, so this is how a caller bounds the pricing work.
     pub max_colgen_rounds: usize,
+    /// Most subgradient iterations of the Lagrangian bound (each prices every job once).
+    pub max_dual_iterations: usize,
+    /// Asked between steps of the solver's own loops (heuristic rounds, dual iterations,
+    /// neighbourhoods); when it answers `true` the solver finishes with what it has. The solver
+    /// reads no clock: a caller that wants a wall-time limit passes one that does.
+    pub stop: Stop,
+}
+
+/// A caller's stop signal (see [`SolveOptions::stop`]); the default never stops.
+#[derive(Clone, Default)]
+pub struct Stop(Option<std::sync::Arc<dyn Fn() -> bool + Send + Sync>>);
+
+impl Stop {
+    /// A signal that asks `f`.
+    pub fn new(f: impl Fn() -> bool + Send + Sync + 'static) -> Stop {
+        Stop(Some(std::sync::Arc::new(f)))
+    }
+
+    /// Whether the caller wants the solver to stop now.
+    pub fn now(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f())
+    }
+}
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Stop(caller)"
+        } else {
+            "Stop(never)"
+        })
+    }
 }
 
 impl Default for SolveOptions {
@@ -90,6 +135,8 @@ impl Default for SolveOptions {
             log: false,
             bound: true,
             max_colgen_rounds: 400,
+            max_dual_iterations: 300,
+            stop: Stop::default(),
         }
     }
 }
@@ -126,7 +173,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             })
             .collect()
     };
-    let (mut heuristic_schedule, mut heuristic_failed) = heuristic::construct(&problem, &skip);
+    let stop = || options.stop.now();
+    let large = options.method == Method::Lagrangian
+        || (options.method == Method::Auto && skip.iter().filter(|s| !**s).count() > LARGE_JOBS);
+    let (mut heuristic_schedule, mut heuristic_failed) =
+        heuristic::construct(&problem, &skip, large, &stop);
     let mut method = "heuristic".to_string();
     // Plan stability: the previous plan's runs, for every job they still finish, with the
     // heuristic's runs for the rest, start the search when that is valid and cheaper.
@@ -180,7 +231,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         };
     let mut colgen_bound: Option<f64> = None;
     let use_colgen = options.method == Method::ColumnGeneration
-        || (options.method == Method::Auto && n_included > 2 * NEIGHBOURHOOD_JOBS);
+        || (options.method == Method::Auto && n_included > 2 * NEIGHBOURHOOD_JOBS && !large);
     let full_milp_share = if use_colgen {
         FULL_MILP_SHARE
     } else {
@@ -227,7 +278,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
             Err(err) => method = format!("{start_name} (column generation: {err})"),
         }
-    } else if matches!(options.method, Method::Auto | Method::DirectMilp) {
+    } else if matches!(options.method, Method::Auto | Method::DirectMilp) && !large {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
         let config = milp::MilpConfig {
             time_limit_s: options.time_limit_s * full_milp_share,
@@ -279,10 +330,85 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
+    let mut dual_bound: Option<f64> = None;
+    // Column generation's plan can gain from the same rounds (they are cheap next to it).
+    if large || (use_colgen && !proven_optimal) {
+        // Rounds of subgradient ascent, each followed by a construction at the best prices so
+        // far; each new plan sharpens the next round's step target.
+        let include: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+        let skip_now: Vec<bool> = include.iter().map(|i| !i).collect();
+        let mut prices: Option<heuristic::Prices> = None;
+        let (mut iterations, mut constructions) = (0, 0);
+        let mut scale = 1.0;
+        while iterations < options.max_dual_iterations && !(iterations > 0 && stop()) {
+            let outcome = lagrange::dual_bound(
+                &problem,
+                &include,
+                &chosen,
+                &lagrange::DualConfig {
+                    max_iterations: DUAL_ROUND_ITERATIONS
+                        .min(options.max_dual_iterations - iterations),
+                    upper_g: problem.evaluate(&chosen).objective_g,
+                    rel_gap: options.mip_rel_gap,
+                    stop: &stop,
+                    start: prices.as_ref(),
+                    start_scale: scale,
+                },
+            );
+            iterations += outcome.iterations;
+            scale = outcome.scale;
+            let Some(bound) = outcome.bound_g else { break };
+            let improved_bound = dual_bound.is_none_or(|b| bound > b);
+            if improved_bound {
+                dual_bound = Some(bound);
+                prices = Some(heuristic::Prices {
+                    gpu: outcome.gpu_price,
+                    kw: outcome.kw_price,
+                });
+            }
+            let current = problem.evaluate(&chosen).objective_g;
+            if current - bound <= options.mip_rel_gap * current.abs()
+                || stop()
+                || scale < lagrange::MIN_STEP_SCALE
+            {
+                break;
+            }
+            if !improved_bound && constructions > 0 {
+                continue;
+            }
+            let (priced, failed) = heuristic::construct_priced(
+                &problem,
+                &skip_now,
+                prices.as_ref().expect("set with the bound"),
+                &outcome.relaxed,
+                &stop,
+            );
+            if failed.is_empty()
+                && problem.evaluate(&priced).objective_g < current
+                && validate(instance, &problem.to_plan(&priced, &named(&unserved))).valid
+            {
+                chosen = priced;
+                constructions += 1;
+            }
+        }
+        let before = if large {
+            start_name.clone()
+        } else {
+            method.clone()
+        };
+        method = format!(
+            "{before}, Lagrangian bound ({iterations} iterations){}",
+            if constructions > 0 {
+                format!(", then {constructions} better plan(s) built at its prices")
+            } else {
+                String::new()
+            }
+        );
+    }
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         let budget_s = options.time_limit_s * (1.0 - full_milp_share);
         let (improved, n_improvements) =
-            neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap);
+            neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap, &stop);
         if n_improvements > 0
             && validate(instance, &problem.to_plan(&improved, &named(&unserved))).valid
         {
@@ -309,9 +435,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     {
         lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
     }
+    if let Some(bound) = dual_bound
+        && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
+    {
+        lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
+    }
     // Unless the MILP proved its plan optimal, the LP relaxation over the served jobs is solved
     // too: a MILP stopped early may not have finished its root, and the better bound is kept.
-    if !proven_optimal && options.bound {
+    // Large instances rely on the Lagrangian bound: the compact LP would not fit their budget.
+    if !proven_optimal && options.bound && !(large && dual_bound.is_some()) {
         let config = milp::MilpConfig {
             // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a
             // plan without a bound cannot say how good it is.
@@ -470,6 +602,7 @@ fn neighbourhood_search(
     start: &problem::Schedule,
     budget_s: f64,
     mip_rel_gap: f64,
+    stop: &dyn Fn() -> bool,
 ) -> (problem::Schedule, usize) {
     let mut current = start.clone();
     let mut current_objective = problem.evaluate(&current).objective_g;
@@ -511,7 +644,7 @@ fn neighbourhood_search(
     'rounds: loop {
         let mut improved = false;
         for group in &groups {
-            if solves >= max_solves {
+            if solves >= max_solves || stop() {
                 break 'rounds;
             }
             solves += 1;

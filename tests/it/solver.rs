@@ -13,7 +13,7 @@ fn exact() -> SolveOptions {
         method: Method::Auto,
         log: false,
         bound: true,
-        max_colgen_rounds: 400,
+        ..SolveOptions::default()
     }
 }
 
@@ -458,7 +458,7 @@ fn column_generation_plans_validate_on_random_instances() {
                 method: Method::ColumnGeneration,
                 log: false,
                 bound: true,
-                max_colgen_rounds: 400,
+                ..SolveOptions::default()
             },
         );
         let m = &solution.metrics;
@@ -476,6 +476,102 @@ fn column_generation_plans_validate_on_random_instances() {
         );
         assert!(m.method.contains("column generation"), "{m:?}");
     }
+}
+
+#[test]
+fn lagrangian_bound_is_below_the_exact_optimum() {
+    // The subgradient bound against optima the exact MILP proves (random instances with
+    // migrations, power levels, surplus and grid limits; then the same instances with the
+    // optimum as the previous plan, so change costs are priced) and against brute force.
+    let lagrangian = SolveOptions {
+        time_limit_s: 3.0,
+        method: Method::Lagrangian,
+        ..exact()
+    };
+    let mut compared = 0;
+    for seed in 2..10 {
+        let mut instance = random_instance(seed, 6, 3, 10);
+        for with_previous in [false, true] {
+            if with_previous {
+                let first = solve(&instance, &exact());
+                instance.previous_assignments = first.plan.assignments.clone();
+            }
+            let optimum = solve(&instance, &exact());
+            if optimum.metrics.status != "optimal" {
+                continue;
+            }
+            let solution = solve(&instance, &lagrangian);
+            let m = &solution.metrics;
+            let check = validate(&instance, &solution.plan);
+            assert!(check.valid, "seed {seed}: {:?}", check.violations);
+            if !m.infeasible_jobs.is_empty() {
+                continue; // the heuristic left a job out: the bound covers other plans
+            }
+            assert!(m.method.contains("Lagrangian bound"), "{m:?}");
+            let exact_g = optimum.metrics.objective_g;
+            let tolerance = 1e-6 * exact_g.max(1.0);
+            assert!(
+                m.lower_bound_g <= exact_g + tolerance,
+                "seed {seed} (previous plan: {with_previous}): bound {} above the optimum {exact_g}",
+                m.lower_bound_g
+            );
+            assert!(m.objective_g >= exact_g - tolerance, "seed {seed}: {m:?}");
+            assert!(m.lower_bound_g > 0.5 * exact_g, "seed {seed}: {m:?}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 6, "only {compared} instances were compared");
+    for seed in 0..12 {
+        let instance = tiny_instance(seed);
+        let Some(optimum) = brute_force_optimum(&instance) else {
+            continue;
+        };
+        let solution = solve(&instance, &lagrangian);
+        if solution.metrics.status == "partial" {
+            continue;
+        }
+        assert!(
+            solution.metrics.lower_bound_g <= optimum + 1e-6 * optimum.max(1.0),
+            "seed {seed}: bound {} above the brute-force optimum {optimum}",
+            solution.metrics.lower_bound_g
+        );
+    }
+}
+
+#[test]
+fn large_instances_plan_with_the_lagrangian_bound() {
+    // Above 200 jobs `auto` takes the Lagrangian path: the plan validates, is no worse than the
+    // heuristic's, carries a bound below it, and the same input gives the same plan.
+    let instance = random_instance(3, 240, 6, 24);
+    let options = SolveOptions {
+        time_limit_s: 10.0,
+        mip_rel_gap: 1e-4,
+        max_dual_iterations: 60,
+        ..SolveOptions::default()
+    };
+    let solution = solve(&instance, &options);
+    let m = &solution.metrics;
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(relative_difference(m.emissions_g, check.emissions_g) < 1e-6);
+    assert!(m.method.contains("Lagrangian bound"), "{m:?}");
+    assert!(
+        m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g,
+        "{m:?}"
+    );
+    let heuristic = solve(
+        &instance,
+        &SolveOptions {
+            method: Method::Heuristic,
+            ..options.clone()
+        },
+    );
+    assert!(
+        m.objective_g <= heuristic.metrics.objective_g + 1e-6,
+        "{m:?}"
+    );
+    let again = solve(&instance, &options);
+    assert_eq!(again.plan, solution.plan);
 }
 
 /// One job that must run four hourly slots: site `a` is clean in slots 0-1, site `b` in 2-3.
