@@ -27,11 +27,6 @@ use highs::{ColProblem, HighsModelStatus, Model, Row, Sense};
 use crate::heuristic::progress;
 use crate::problem::{Problem, Schedule, Slot};
 
-/// Work grid per job: its required work in at most this many units.
-const WORK_UNITS: usize = 240;
-/// Work units per slot of full-speed work: a job needing few slots gets a coarser grid, so the
-/// per-slot rounding stays at 1/24 of a slot's work whatever the job's length.
-const UNITS_PER_SLOT: f64 = 24.0;
 /// A column enters when its reduced cost is below minus this, g.
 const REDUCED_COST_EPS_G: f64 = 1e-6;
 
@@ -146,17 +141,7 @@ fn cheapest_schedule(
     if window.is_empty() || sites.is_empty() {
         return None;
     }
-    let slot_work_max_h = view
-        .pools
-        .iter()
-        .map(|&p| problem.slot_work_h(p, 0))
-        .fold(0.0, f64::max);
-    let k = if slot_work_max_h > 0.0 {
-        ((view.work_hours / slot_work_max_h * UNITS_PER_SLOT).ceil() as usize)
-            .clamp(UNITS_PER_SLOT as usize, WORK_UNITS)
-    } else {
-        WORK_UNITS
-    };
+    let k = problem.work_grid_units(job);
     let unit_h = view.work_hours / k as f64;
     let to_units = |work_h: f64| -> usize {
         let units = if round_up {

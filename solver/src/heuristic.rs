@@ -172,7 +172,6 @@ pub(crate) fn construct(
     quick: bool,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
-    let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
     let mut best: Option<((usize, f64), Pass)> = None;
     // Largest jobs (GPU x work hours) first is the other natural order: they get the clean
     // capacity and the small ones fill in around them.
@@ -189,31 +188,50 @@ pub(crate) fn construct(
     ];
     let n_configurations = if quick { 2 } else { configurations.len() };
     for (spread, seed_order) in configurations.into_iter().take(n_configurations) {
-        let mut first: Vec<usize> = seed_order;
-        for _ in 0..3 {
-            if best.is_some() && stop() {
-                break;
-            }
-            let pass = construct_pass(problem, skip, spread, &first, None, None, stop);
-            let pass_key = key(&pass);
-            let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
-            if best
-                .as_ref()
-                .is_none_or(|(k, _)| pass_key.0 < k.0 || (pass_key.0 == k.0 && pass_key.1 < k.1))
-            {
-                best = Some((pass_key, pass));
-            }
-            if failed.is_empty() {
-                break;
-            }
-            for job in failed {
-                if !first.contains(&job) {
-                    first.push(job);
-                }
-            }
+        if best.is_some() && stop() {
+            break;
+        }
+        let pass = with_retries(problem, skip, spread, seed_order, None, None, stop);
+        if best.as_ref().is_none_or(|(k, _)| pass.0 < *k) {
+            best = Some(pass);
         }
     }
     best.expect("at least one pass runs").1
+}
+
+/// A pass, repeated up to twice with the jobs it left out placed first; returns the best try
+/// (fewest jobs left out, then lowest objective; the earlier on a tie) with its key.
+fn with_retries(
+    problem: &Problem,
+    skip: &[bool],
+    spread: bool,
+    mut first: Vec<usize>,
+    prices: Option<&Prices>,
+    prefer: Option<&Schedule>,
+    stop: &dyn Fn() -> bool,
+) -> ((usize, f64), Pass) {
+    let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
+    let mut best: Option<((usize, f64), Pass)> = None;
+    for _ in 0..3 {
+        if best.is_some() && stop() {
+            break;
+        }
+        let pass = construct_pass(problem, skip, spread, &first, prices, prefer, stop);
+        let pass_key = key(&pass);
+        let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
+        if best.as_ref().is_none_or(|(k, _)| pass_key < *k) {
+            best = Some((pass_key, pass));
+        }
+        if failed.is_empty() {
+            break;
+        }
+        for job in failed {
+            if !first.contains(&job) {
+                first.push(job);
+            }
+        }
+    }
+    best.expect("at least one pass runs")
 }
 
 /// Keeps the runs in `kept` (jobs with `Some` there) and places every other job with a
@@ -258,46 +276,21 @@ pub(crate) fn construct_priced(
     relaxed: &Schedule,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
-    let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
-    // Jobs a pass leaves out are placed first in the next try.
-    let mut first: Vec<usize> = Vec::new();
-    let mut a = construct_pass(
+    let (ka, a) = with_retries(
         problem,
         skip,
         true,
-        &first,
+        Vec::new(),
         Some(prices),
         Some(relaxed),
         stop,
     );
-    for _ in 0..2 {
-        if a.1.is_empty() || stop() {
-            break;
-        }
-        first.extend(a.1.iter().map(|(j, _)| *j));
-        let retry = construct_pass(
-            problem,
-            skip,
-            true,
-            &first,
-            Some(prices),
-            Some(relaxed),
-            stop,
-        );
-        if key(&retry) < key(&a) {
-            a = retry;
-        }
-    }
     if stop() {
         return a;
     }
     let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
-    let (ka, kb) = (key(&a), key(&b));
-    if ka.0 < kb.0 || (ka.0 == kb.0 && ka.1 <= kb.1) {
-        a
-    } else {
-        b
-    }
+    let kb = (b.1.len(), problem.evaluate(&b.0).objective_g);
+    if ka <= kb { a } else { b }
 }
 
 fn construct_pass(

@@ -107,12 +107,9 @@ struct JobPricing {
     groups: Vec<usize>,
     /// The pools of each alternative when the job has change costs and is priced on its own.
     own: Vec<Vec<usize>>,
+    /// Units of its work grid ([`Problem::work_grid_units`]).
+    units: usize,
 }
-
-/// Work units of a job's grid: at most `WORK_UNITS`, and `UNITS_PER_SLOT` per slot of its
-/// fastest work, so the rounding stays a small share of a slot.
-const UNITS_PER_SLOT: f64 = 24.0;
-const WORK_UNITS: usize = 240;
 
 /// Reusable buffers of the pricing dynamic programme.
 #[derive(Default)]
@@ -124,23 +121,18 @@ struct Dp {
 }
 
 /// The cheapest way, on the job's work grid with every run's work rounded **up**, to finish
-/// `work_h` with at most one option per slot: a lower bound on every real schedule over the same
-/// options. Fills `picked` (per window slot) and returns the cost times `scale`.
+/// `work_h` with at most one option per slot, on a grid of `k` units: a lower bound on every real
+/// schedule over the same options. Fills `picked` (per window slot) and returns the cost times
+/// `scale`.
 fn price_job(
     options: &[Vec<Option_>],
     window: std::ops::Range<usize>,
     scale: f64,
     work_h: f64,
-    fastest_h: f64,
+    k: usize,
     dp: &mut Dp,
     picked: &mut [Option<Option_>],
 ) -> Option<f64> {
-    let k = if fastest_h > 0.0 {
-        ((work_h / fastest_h * UNITS_PER_SLOT).ceil() as usize)
-            .clamp(UNITS_PER_SLOT as usize, WORK_UNITS)
-    } else {
-        WORK_UNITS
-    };
     let unit_h = work_h / k as f64;
     let n = window.len();
     dp.cost.clear();
@@ -275,6 +267,7 @@ pub(crate) fn dual_bound(
                 job,
                 groups: Vec::new(),
                 own: pool_sets,
+                units: problem.work_grid_units(job),
             });
             continue;
         }
@@ -296,6 +289,7 @@ pub(crate) fn dual_bound(
             job,
             groups: job_groups,
             own: Vec::new(),
+            units: problem.work_grid_units(job),
         });
     }
     // Slots each group is needed in.
@@ -414,11 +408,6 @@ pub(crate) fn dual_bound(
             picked.resize(window.len(), None);
             best_picked.clear();
             best_picked.resize(window.len(), None);
-            let fastest_h = view
-                .pools
-                .iter()
-                .map(|&p| problem.slot_work_h(p, 0))
-                .fold(0.0, f64::max);
             let mut best_value: Option<f64> = None;
             for a in 0..jp.groups.len().max(jp.own.len()) {
                 let (options, scale_cost): (&[Vec<Option_>], f64) = if jp.own.is_empty() {
@@ -444,7 +433,7 @@ pub(crate) fn dual_bound(
                         window.clone(),
                         scale_cost,
                         view.work_hours,
-                        fastest_h,
+                        jp.units,
                         &mut dp,
                         &mut picked,
                     )

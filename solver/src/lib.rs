@@ -341,6 +341,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let (mut iterations, mut constructions) = (0, 0);
         let mut scale = 1.0;
         while iterations < options.max_dual_iterations && !(iterations > 0 && stop()) {
+            let current = problem.evaluate(&chosen).objective_g;
             let outcome = lagrange::dual_bound(
                 &problem,
                 &include,
@@ -348,7 +349,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 &lagrange::DualConfig {
                     max_iterations: DUAL_ROUND_ITERATIONS
                         .min(options.max_dual_iterations - iterations),
-                    upper_g: problem.evaluate(&chosen).objective_g,
+                    upper_g: current,
                     rel_gap: options.mip_rel_gap,
                     stop: &stop,
                     start: prices.as_ref(),
@@ -366,7 +367,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kw: outcome.kw_price,
                 });
             }
-            let current = problem.evaluate(&chosen).objective_g;
             if current - bound <= options.mip_rel_gap * current.abs()
                 || stop()
                 || scale < lagrange::MIN_STEP_SCALE

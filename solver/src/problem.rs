@@ -290,6 +290,26 @@ impl<'a> Problem<'a> {
             .collect()
     }
 
+    /// Units of a job's work grid for the pricing programmes: 24 per slot of its fastest full
+    /// work, at least 24 and at most 240, so the per-slot rounding stays at 1/24 of a slot's work
+    /// whatever the job's length.
+    pub fn work_grid_units(&self, job: usize) -> usize {
+        const UNITS_PER_SLOT: f64 = 24.0;
+        const MOST_UNITS: usize = 240;
+        let view = &self.jobs[job];
+        let fastest_h = view
+            .pools
+            .iter()
+            .map(|&p| self.slot_work_h(p, 0))
+            .fold(0.0, f64::max);
+        if fastest_h > 0.0 {
+            ((view.work_hours / fastest_h * UNITS_PER_SLOT).ceil() as usize)
+                .clamp(UNITS_PER_SLOT as usize, MOST_UNITS)
+        } else {
+            MOST_UNITS
+        }
+    }
+
     /// Work hours one slot delivers at a pool and level.
     pub fn slot_work_h(&self, pool: usize, level: usize) -> f64 {
         let p = &self.pools[pool];
