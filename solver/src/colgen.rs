@@ -50,13 +50,13 @@ pub(crate) struct ColgenOutcome {
     pub columns: usize,
 }
 
-struct Column {
-    job: usize,
-    runs: Vec<Slot>,
-    real: bool,
-    cost_g: f64,
+pub(crate) struct Column {
+    pub job: usize,
+    pub runs: Vec<Slot>,
+    pub real: bool,
+    pub cost_g: f64,
     /// (row index, coefficient).
-    entries: Vec<(usize, f64)>,
+    pub entries: Vec<(usize, f64)>,
 }
 
 /// Row layout of the master problem.
@@ -518,7 +518,7 @@ pub(crate) fn solve(
 
 /// The master's rows (convexity per included job, then GPU and power rows with their upper
 /// bounds) and its grid draw columns, without job columns.
-fn master_problem(
+pub(crate) fn master_problem(
     n_jobs_in: usize,
     upper: &[f64],
     grid_cols: &[(f64, f64, usize)],
@@ -547,7 +547,7 @@ fn master_problem(
 
 /// Solves the master problem with integer columns over the real ones, warm-started from the seed
 /// columns (the first one per job).
-fn solve_master_mip(
+pub(crate) fn solve_master_mip(
     problem: &Problem,
     jobs: &[usize],
     upper: &[f64],

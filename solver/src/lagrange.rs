@@ -16,6 +16,17 @@
 //! once per pool group and slot, and each job's programme runs over those only: the work per
 //! iteration follows the jobs' windows (the useful variables), not jobs x sites x slots.
 //!
+//! The subgradient ascent prices on the coarse work grid ([`Grid::Coarse`], 24 units per slot of
+//! fastest work), cheap enough for many iterations on thousands of jobs; the master LP and a
+//! final evaluation at the best prices ([`fine_bound`]) use the fine grid (60 units per slot),
+//! on which the rounding gains a run at most 1/60 of a slot's work: on the coarse grid a capped
+//! run can count as a full one, which loosens the bound by a few per cent.
+//!
+//! [`Pricer`] also prices *really* (`round_up` false, work rounded down): its schedules then do
+//! their work, and a migratable job is priced with the site it last ran at as state, each move
+//! losing the most transfer time over its site pairs; those schedules feed the master LP
+//! (`master`) and its restricted MILP.
+//!
 //! The ascent is a projected subgradient method with Polyak steps towards the best plan's
 //! objective, deflected directions, and a step scale halved (back at the best prices) when the
 //! bound stalls.
@@ -93,6 +104,185 @@ fn pareto(points: &mut [Option_], out: &mut Vec<Option_>) {
     }
 }
 
+/// [`price_job`] for a migratable job with the site it last ran at as state: `site_options[i]`
+/// are the per-slot options at its i-th site. A move (a run at another site than the last one)
+/// loses `loss_share` of that run's work; the first placement of a fresh job is free.
+#[allow(clippy::too_many_arguments)]
+fn price_job_moving(
+    site_options: &[&[Vec<Option_>]],
+    window: std::ops::Range<usize>,
+    scale: f64,
+    unit_h: f64,
+    k: usize,
+    round_up: bool,
+    loss_share: f64,
+    start: Start,
+    dp: &mut Dp,
+    picked: &mut [Option<Option_>],
+) -> Option<f64> {
+    let n_s = site_options.len();
+    let w = k + 1;
+    let fresh = n_s;
+    let n_states = (n_s + 1) * w;
+    dp.cost.clear();
+    dp.cost.resize(n_states, f64::INFINITY);
+    match start {
+        Start::Fresh | Start::Elsewhere => dp.cost[fresh * w] = 0.0,
+        Start::At(i) => dp.cost[i * w] = 0.0,
+    }
+    let first_moves = start == Start::Elsewhere;
+    dp.back3.clear();
+    dp.back3.resize(window.len() * n_states, (0, 0, 0));
+    dp.any.resize(w, f64::INFINITY);
+    dp.any_from.resize(w, 0);
+    let to_units = |x: f64| -> usize {
+        let u = if round_up {
+            (x / unit_h - 1e-9).ceil()
+        } else {
+            (x / unit_h + 1e-9).floor()
+        };
+        (u.max(0.0) as usize).min(k)
+    };
+    for (i, t) in window.clone().enumerate() {
+        dp.next.clone_from(&dp.cost);
+        let back = &mut dp.back3[i * n_states..(i + 1) * n_states];
+        for (state, b) in back.iter_mut().enumerate() {
+            *b = ((state / w) as u16, (state % w) as u16, 0);
+        }
+        // Cheapest state per work done to move from.
+        dp.any.iter_mut().for_each(|v| *v = f64::INFINITY);
+        let sources = if first_moves { n_s + 1 } else { n_s };
+        for s in 0..sources {
+            for u in 0..w {
+                let v = dp.cost[s * w + u];
+                if v < dp.any[u] {
+                    dp.any[u] = v;
+                    dp.any_from[u] = s as u16;
+                }
+            }
+        }
+        let fresh_cost = if first_moves {
+            f64::INFINITY
+        } else {
+            dp.cost[fresh * w]
+        };
+        for s in 0..n_s {
+            let row = &dp.cost[s * w..(s + 1) * w];
+            for (o, opt) in site_options[s][t].iter().enumerate() {
+                let c = opt.cost_g * scale;
+                let stay = to_units(opt.work_h);
+                let moved = to_units(opt.work_h * (1.0 - loss_share));
+                let tag = o as u16 + 1;
+                if fresh_cost.is_finite() {
+                    let target = s * w + stay;
+                    if fresh_cost + c < dp.next[target] - 1e-12 {
+                        dp.next[target] = fresh_cost + c;
+                        back[target] = (fresh as u16, 0, tag);
+                    }
+                }
+                for u in 0..w {
+                    let base = row[u];
+                    if base.is_finite() {
+                        let target = s * w + (u + stay).min(k);
+                        if base + c < dp.next[target] - 1e-12 {
+                            dp.next[target] = base + c;
+                            back[target] = (s as u16, u as u16, tag);
+                        }
+                    }
+                    let base = dp.any[u];
+                    if base.is_finite() && usize::from(dp.any_from[u]) != s {
+                        let target = s * w + (u + moved).min(k);
+                        if base + c < dp.next[target] - 1e-12 {
+                            dp.next[target] = base + c;
+                            back[target] = (dp.any_from[u], u as u16, tag);
+                        }
+                    }
+                }
+            }
+        }
+        std::mem::swap(&mut dp.cost, &mut dp.next);
+    }
+    let (mut state, value) = (0..n_s)
+        .map(|s| (s, dp.cost[s * w + k]))
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    if !value.is_finite() {
+        return None;
+    }
+    let mut u = k;
+    for (i, t) in window.clone().enumerate().rev() {
+        let (ps, pu, o) = dp.back3[i * n_states + state * w + u];
+        picked[i] = (o > 0).then(|| site_options[state][t][usize::from(o) - 1]);
+        state = usize::from(ps);
+        u = usize::from(pu);
+    }
+    Some(value)
+}
+
+/// A job's work grid in the pricing programmes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grid {
+    /// [`Problem::work_grid_units`]: 24 units per slot of the job's fastest work, 24 to 240
+    /// units (the subgradient ascent's, cheap enough for thousands of jobs).
+    Coarse,
+    /// 60 units per slot of the job's fastest work, 24 to 4,000 units: a run's rounding gains
+    /// it at most 1/60 of a slot's work.
+    Fine,
+}
+
+/// Units per slot of fastest work of the fine grid.
+const FINE_UNITS_PER_SLOT: f64 = 60.0;
+/// Fewest and most units of a job's fine grid.
+const FINE_LEAST_UNITS: f64 = 24.0;
+const FINE_MOST_UNITS: f64 = 4000.0;
+/// Fine-grid programme cells (window slots x work units, summed over jobs) above which an
+/// instance is priced on the coarse grid only.
+pub(crate) const FINE_MOST_CELLS: f64 = 2.5e7;
+
+/// A job's fastest work per slot, h.
+fn fastest_slot_h(problem: &Problem, job: usize) -> f64 {
+    problem.jobs[job]
+        .pools
+        .iter()
+        .map(|&p| problem.slot_work_h(p, 0))
+        .fold(0.0, f64::max)
+}
+
+/// A job's work grid: hours per unit and the units that reach its work.
+fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
+    let view = &problem.jobs[job];
+    let fastest_h = fastest_slot_h(problem, job);
+    if view.work_hours <= 1e-9 {
+        return (1.0, 0);
+    }
+    let units = match grid {
+        Grid::Coarse => problem.work_grid_units(job),
+        Grid::Fine if fastest_h > 0.0 => (view.work_hours / fastest_h * FINE_UNITS_PER_SLOT)
+            .ceil()
+            .clamp(FINE_LEAST_UNITS, FINE_MOST_UNITS) as usize,
+        Grid::Fine => FINE_MOST_UNITS as usize,
+    };
+    (view.work_hours / units as f64, units)
+}
+
+/// The fine grid's programme cells for the jobs with `include[j]`.
+pub(crate) fn fine_cells(problem: &Problem, include: &[bool]) -> f64 {
+    (0..problem.jobs.len())
+        .filter(|&j| include[j])
+        .map(|j| problem.jobs[j].window.len() as f64 * work_grid(problem, j, Grid::Fine).1 as f64)
+        .sum()
+}
+
+/// The Lagrangian value at `prices` on the fine grid: a lower bound on every plan serving the
+/// jobs with `include[j]`; `None` when a job's relaxation cannot finish its work.
+pub(crate) fn fine_bound(
+    problem: &Problem,
+    include: &[bool],
+    prices: &crate::heuristic::Prices,
+) -> Option<f64> {
+    let mut pricer = Pricer::new(problem, include, Grid::Fine, false);
+    pricer.price(&prices.gpu, &prices.kw, true).then_some(pricer.value_g)
+}
+
 /// One pool group's options for one iteration, per GPU: `options[slot]`.
 struct GroupOptions {
     pools: Vec<usize>,
@@ -107,9 +297,38 @@ struct JobPricing {
     groups: Vec<usize>,
     /// The pools of each alternative when the job has change costs and is priced on its own.
     own: Vec<Vec<usize>>,
-    /// Units of its work grid ([`Problem::work_grid_units`]).
+    /// Its work grid: hours per unit, and the units that reach its work.
+    unit_h: f64,
     units: usize,
+    /// For a migratable job, its real pricing with the site it last ran at as state.
+    moving: Option<Moving>,
 }
+
+/// How a migratable job's moves are priced in the site-state programme (real pricing).
+#[derive(Clone, Debug)]
+struct Moving {
+    /// One option group per site.
+    site_groups: Vec<usize>,
+    /// Where the job starts: index into its site groups, or none yet.
+    start: Start,
+    /// Share of a slot's work lost in the slot a move arrives in: the most over its site pairs,
+    /// so the real programme's schedules do their work.
+    loss_share: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// Never ran: the first placement is free.
+    Fresh,
+    /// Its checkpoint is at this site (index into the job's sites).
+    At(usize),
+    /// Its checkpoint is at a site it may not run at: every first run is a move.
+    Elsewhere,
+}
+
+/// Most site x work-unit states of one migratable job priced with its site as state; above,
+/// the job is priced over all its sites at once with moves free (a weaker relaxation, cheaper).
+const MOVING_STATES_MAX: usize = 40_000;
 
 /// Reusable buffers of the pricing dynamic programme.
 #[derive(Default)]
@@ -118,22 +337,28 @@ struct Dp {
     next: Vec<f64>,
     /// Per window slot and state: (previous state, option index + 1; 0 = not run).
     back: Vec<(u16, u16)>,
+    /// The site-state programme's: (previous site state, previous units, option + 1).
+    back3: Vec<(u16, u16, u16)>,
+    any: Vec<f64>,
+    any_from: Vec<u16>,
 }
 
-/// The cheapest way, on the job's work grid with every run's work rounded **up**, to finish
-/// `work_h` with at most one option per slot, on a grid of `k` units: a lower bound on every real
-/// schedule over the same options. Fills `picked` (per window slot) and returns the cost times
-/// `scale`.
+/// The cheapest way to finish `work_h` with at most one option per slot, on a work grid of
+/// `unit_h` hours (`k` units reach the work). With `round_up` each run's work is rounded **up**
+/// to the grid: a lower bound on every real schedule over the same options; otherwise **down**:
+/// every schedule found does the work. Fills `picked` (per window slot) and returns the cost
+/// times `scale`.
+#[allow(clippy::too_many_arguments)]
 fn price_job(
     options: &[Vec<Option_>],
     window: std::ops::Range<usize>,
     scale: f64,
-    work_h: f64,
+    unit_h: f64,
     k: usize,
+    round_up: bool,
     dp: &mut Dp,
     picked: &mut [Option<Option_>],
 ) -> Option<f64> {
-    let unit_h = work_h / k as f64;
     let n = window.len();
     dp.cost.clear();
     dp.cost.resize(k + 1, f64::INFINITY);
@@ -149,7 +374,12 @@ fn price_job(
         }
         let mut new_reach = reach;
         for (o, opt) in options[t].iter().enumerate() {
-            let units = ((opt.work_h / unit_h - 1e-9).ceil().max(0.0) as usize).min(k);
+            let units = if round_up {
+                (opt.work_h / unit_h - 1e-9).ceil()
+            } else {
+                (opt.work_h / unit_h + 1e-9).floor()
+            };
+            let units = (units.max(0.0) as usize).min(k);
             let c = opt.cost_g * scale;
             for u in 0..=reach {
                 let base = dp.cost[u];
@@ -180,100 +410,141 @@ fn price_job(
     Some(value)
 }
 
-/// Maximises the Lagrangian dual over the jobs with `include[j]`, starting from prices read off
-/// `start` (grid carbon where it draws from the grid).
-pub(crate) fn dual_bound(
-    problem: &Problem,
-    include: &[bool],
-    start: &Schedule,
-    config: &DualConfig,
-) -> DualOutcome {
-    let n_sites = problem.inst.sites.len();
-    let n_slots = problem.n_slots;
-    let n_pools = problem.pools.len();
-    let h = problem.slot_h;
-    // Per pool and level: kW per GPU and work per slot.
-    let pool_kw: Vec<Vec<f64>> = problem
-        .pools
-        .iter()
-        .map(|p| {
-            let pue = problem.inst.sites[p.site].pue;
-            p.levels_w
-                .iter()
-                .map(|w| pue * (w - p.idle_w) / 1000.0)
-                .collect()
-        })
-        .collect();
-    let pool_work: Vec<Vec<f64>> = (0..n_pools)
-        .map(|p| {
-            (0..problem.pools[p].levels_w.len())
-                .map(|l| problem.slot_work_h(p, l))
-                .collect()
-        })
-        .collect();
-    // Row bounds and grid draw per site and slot.
-    let upper_kw: Vec<Vec<f64>> = (0..n_sites)
-        .map(|s| {
-            let spec = &problem.inst.sites[s];
-            (0..n_slots)
-                .map(|t| spec.surplus_kw[t] - problem.idle_load_kw[s])
-                .collect()
-        })
-        .collect();
-    let grid_limit_kw: Vec<Vec<f64>> = (0..n_sites)
-        .map(|s| {
-            let spec = &problem.inst.sites[s];
-            (0..n_slots)
-                .map(|t| {
-                    let base = -upper_kw[s][t];
-                    spec.grid_limit_kw
-                        .map_or(f64::INFINITY, |l| l.max(base.max(0.0)))
-                })
-                .collect()
-        })
-        .collect();
-    let grid_g_per_kw: Vec<Vec<f64>> = (0..n_sites)
-        .map(|s| {
-            (0..n_slots)
-                .map(|t| h * problem.grid_cost_g_per_kwh(s, t))
-                .collect()
-        })
-        .collect();
+/// The relaxed per-job programmes of a set of jobs, set up once and priced at any prices.
+///
+/// After [`Pricer::price`], `value_g` is the Lagrangian value (a lower bound on every plan
+/// serving the included jobs), `job_value_g[j]` each included job's cheapest relaxed schedule
+/// at those prices, `runs[j]` that schedule, and `grad_*` the projected subgradient.
+pub(crate) struct Pricer<'p, 'a> {
+    problem: &'p Problem<'a>,
+    /// kW per GPU (net of idle) and work per slot, per pool and level.
+    pool_kw: Vec<Vec<f64>>,
+    pool_work: Vec<Vec<f64>>,
+    /// Power row bounds: surplus minus idle load, per site and slot, kW.
+    pub upper_kw: Vec<Vec<f64>>,
+    /// The grid draw's bound per site and slot, kW (infinite without a limit).
+    pub grid_limit_kw: Vec<Vec<f64>>,
+    /// The grid draw's cost per kW held for a slot, g.
+    pub grid_g_per_kw: Vec<Vec<f64>>,
+    groups: Vec<GroupOptions>,
+    group_slots: Vec<Vec<bool>>,
+    jobs: Vec<JobPricing>,
+    // Buffers.
+    points: Vec<Option_>,
+    own_options: Vec<Vec<Option_>>,
+    dp: Dp,
+    picked: Vec<Option<Option_>>,
+    best_picked: Vec<Option<Option_>>,
+    gpu_use: Vec<Vec<f64>>,
+    kw_use: Vec<Vec<f64>>,
+    /// Results of the last `price`.
+    pub value_g: f64,
+    pub job_value_g: Vec<f64>,
+    pub runs: Vec<Option<Vec<Slot>>>,
+    pub grad_mu: Vec<Vec<f64>>,
+    pub grad_lambda: Vec<Vec<f64>>,
+}
 
-    // Pool groups and each job's alternatives.
-    let mut group_ids: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-    let mut groups: Vec<GroupOptions> = Vec::new();
-    let mut jobs: Vec<JobPricing> = Vec::new();
-    for job in (0..problem.jobs.len()).filter(|&j| include[j]) {
-        let view = &problem.jobs[job];
-        let sites = problem.run_sites(job);
-        let site_sets: Vec<Vec<usize>> = if view.migratable || sites.len() <= 1 {
-            vec![sites]
-        } else {
-            sites.iter().map(|&s| vec![s]).collect()
-        };
-        let pool_sets: Vec<Vec<usize>> = site_sets
+impl<'p, 'a> Pricer<'p, 'a> {
+    /// Sets up the programmes of the jobs with `include[j]` on a work grid; with `real` also
+    /// the site-state programmes of migratable jobs for real pricing.
+    pub fn new(
+        problem: &'p Problem<'a>,
+        include: &[bool],
+        grid: Grid,
+        real: bool,
+    ) -> Pricer<'p, 'a> {
+        let n_sites = problem.inst.sites.len();
+        let n_slots = problem.n_slots;
+        let n_pools = problem.pools.len();
+        let h = problem.slot_h;
+        let pool_kw: Vec<Vec<f64>> = problem
+            .pools
             .iter()
-            .map(|set| {
-                view.pools
+            .map(|p| {
+                let pue = problem.inst.sites[p.site].pue;
+                p.levels_w
                     .iter()
-                    .copied()
-                    .filter(|&p| set.contains(&problem.pools[p].site))
+                    .map(|w| pue * (w - p.idle_w) / 1000.0)
                     .collect()
             })
             .collect();
-        if !problem.previous[job].is_empty() {
-            jobs.push(JobPricing {
-                job,
-                groups: Vec::new(),
-                own: pool_sets,
-                units: problem.work_grid_units(job),
-            });
-            continue;
-        }
-        let job_groups = pool_sets
-            .into_iter()
-            .map(|pools| {
+        let pool_work: Vec<Vec<f64>> = (0..n_pools)
+            .map(|p| {
+                (0..problem.pools[p].levels_w.len())
+                    .map(|l| problem.slot_work_h(p, l))
+                    .collect()
+            })
+            .collect();
+        let upper_kw: Vec<Vec<f64>> = (0..n_sites)
+            .map(|s| {
+                let spec = &problem.inst.sites[s];
+                (0..n_slots)
+                    .map(|t| spec.surplus_kw[t] - problem.idle_load_kw[s])
+                    .collect()
+            })
+            .collect();
+        let grid_limit_kw: Vec<Vec<f64>> = (0..n_sites)
+            .map(|s| {
+                let spec = &problem.inst.sites[s];
+                (0..n_slots)
+                    .map(|t| {
+                        let base = -upper_kw[s][t];
+                        spec.grid_limit_kw
+                            .map_or(f64::INFINITY, |l| l.max(base.max(0.0)))
+                    })
+                    .collect()
+            })
+            .collect();
+        let grid_g_per_kw: Vec<Vec<f64>> = (0..n_sites)
+            .map(|s| {
+                (0..n_slots)
+                    .map(|t| h * problem.grid_cost_g_per_kwh(s, t))
+                    .collect()
+            })
+            .collect();
+
+        // Pool groups and each job's alternatives.
+        let mut group_ids: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        let mut groups: Vec<GroupOptions> = Vec::new();
+        let mut jobs: Vec<JobPricing> = Vec::new();
+        for job in (0..problem.jobs.len()).filter(|&j| include[j]) {
+            let view = &problem.jobs[job];
+            let sites = problem.run_sites(job);
+            let (unit_h, units) = work_grid(problem, job, grid);
+            let moving = real
+                && view.migratable
+                && sites.len() > 1
+                && problem.previous[job].is_empty()
+                && view.work_hours > 1e-9
+                && sites.len() * (units + 1) <= MOVING_STATES_MAX;
+            let site_sets: Vec<Vec<usize>> = if view.migratable || sites.len() <= 1 {
+                vec![sites.clone()]
+            } else {
+                sites.iter().map(|&s| vec![s]).collect()
+            };
+            let pool_sets: Vec<Vec<usize>> = site_sets
+                .iter()
+                .map(|set| {
+                    view.pools
+                        .iter()
+                        .copied()
+                        .filter(|&p| set.contains(&problem.pools[p].site))
+                        .collect()
+                })
+                .collect();
+            if !problem.previous[job].is_empty() {
+                jobs.push(JobPricing {
+                    job,
+                    groups: Vec::new(),
+                    own: pool_sets,
+                    unit_h,
+                    units,
+                    moving: None,
+                });
+                continue;
+            }
+            let mut group_of = |pools: Vec<usize>| {
                 let next = groups.len();
                 let group = *group_ids.entry(pools.clone()).or_insert(next);
                 if group == next {
@@ -283,148 +554,206 @@ pub(crate) fn dual_bound(
                     });
                 }
                 group
-            })
-            .collect();
-        jobs.push(JobPricing {
-            job,
-            groups: job_groups,
-            own: Vec::new(),
-            units: problem.work_grid_units(job),
-        });
-    }
-    // Slots each group is needed in.
-    let mut group_slots = vec![vec![false; n_slots]; groups.len()];
-    for jp in &jobs {
-        for &g in &jp.groups {
-            for t in problem.jobs[jp.job].window.clone() {
-                group_slots[g][t] = true;
-            }
-        }
-    }
-
-    // Starting prices: grid cost where the start plan draws from the grid, nothing elsewhere.
-    let mut load_kw: Vec<Vec<f64>> = (0..n_sites)
-        .map(|s| vec![problem.idle_load_kw[s]; n_slots])
-        .collect();
-    for (job, runs) in start.runs.iter().enumerate() {
-        let Some(runs) = runs.as_ref().filter(|_| include[job]) else {
-            continue;
-        };
-        for ((s, t), kw) in problem.added_load_kw(job, runs) {
-            load_kw[s][t] += kw;
-        }
-    }
-    let mut mu = vec![vec![0.0; n_slots]; n_pools];
-    let mut lambda: Vec<Vec<f64>> = if let Some(start) = config.start {
-        mu.clone_from(&start.gpu);
-        start.kw.clone()
-    } else {
-        (0..n_sites)
-            .map(|s| {
-                (0..n_slots)
-                    .map(|t| {
-                        if load_kw[s][t] > problem.inst.sites[s].surplus_kw[t] + 1e-9 {
-                            grid_g_per_kw[s][t]
-                        } else {
-                            0.0
-                        }
+            };
+            let site_groups: Vec<usize> = if moving {
+                sites
+                    .iter()
+                    .map(|&site| {
+                        group_of(
+                            view.pools
+                                .iter()
+                                .copied()
+                                .filter(|&p| problem.pools[p].site == site)
+                                .collect(),
+                        )
                     })
                     .collect()
-            })
-            .collect()
-    };
+            } else {
+                Vec::new()
+            };
+            let job_groups = pool_sets.into_iter().map(|pools| group_of(pools)).collect();
+            let moving = moving.then(|| {
+                let from: Vec<usize> = sites.iter().copied().chain(view.current_site).collect();
+                let mut most = 0.0_f64;
+                for &a in &from {
+                    for &b in &sites {
+                        if a != b {
+                            let share = (problem.transfer_s(job, a, b) / problem.slot_s).min(1.0);
+                            most = most.max(share);
+                        }
+                    }
+                }
+                Moving {
+                    site_groups,
+                    start: match view.current_site {
+                        None => Start::Fresh,
+                        Some(c) => sites
+                            .iter()
+                            .position(|&s| s == c)
+                            .map_or(Start::Elsewhere, Start::At),
+                    },
+                    loss_share: most,
+                }
+            });
+            jobs.push(JobPricing {
+                job,
+                groups: job_groups,
+                own: Vec::new(),
+                unit_h,
+                units,
+                moving,
+            });
+        }
+        // Slots each group is needed in.
+        let mut group_slots = vec![vec![false; n_slots]; groups.len()];
+        for jp in &jobs {
+            let site_groups = jp.moving.iter().flat_map(|m| m.site_groups.iter());
+            for &g in jp.groups.iter().chain(site_groups) {
+                for t in problem.jobs[jp.job].window.clone() {
+                    group_slots[g][t] = true;
+                }
+            }
+        }
+        let n_jobs = problem.jobs.len();
+        Pricer {
+            problem,
+            pool_kw,
+            pool_work,
+            upper_kw,
+            grid_limit_kw,
+            grid_g_per_kw,
+            groups,
+            group_slots,
+            jobs,
+            points: Vec::new(),
+            own_options: vec![Vec::new(); n_slots],
+            dp: Dp::default(),
+            picked: Vec::new(),
+            best_picked: Vec::new(),
+            gpu_use: vec![vec![0.0; n_slots]; n_pools],
+            kw_use: vec![vec![0.0; n_slots]; n_sites],
+            value_g: f64::NEG_INFINITY,
+            job_value_g: vec![0.0; n_jobs],
+            runs: vec![None; n_jobs],
+            grad_mu: vec![vec![0.0; n_slots]; n_pools],
+            grad_lambda: vec![vec![0.0; n_slots]; n_sites],
+        }
+    }
 
-    let mut best = DualOutcome {
-        bound_g: None,
-        iterations: 0,
-        scale: config.start_scale,
-        gpu_price: mu.clone(),
-        kw_price: lambda.clone(),
-        relaxed: Schedule {
-            runs: vec![None; problem.jobs.len()],
-        },
-    };
-    let mut relaxed_runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
-    let mut scale = config.start_scale;
-    let mut since_better = 0;
-    let mut points: Vec<Option_> = Vec::new();
-    let mut own_options: Vec<Vec<Option_>> = vec![Vec::new(); n_slots];
-    let mut gpu_use = vec![vec![0.0; n_slots]; n_pools];
-    let mut kw_use = vec![vec![0.0; n_slots]; n_sites];
-    let mut dp = Dp::default();
-    let mut grad_mu = vec![vec![0.0; n_slots]; n_pools];
-    let mut grad_lambda = vec![vec![0.0; n_slots]; n_sites];
-    let mut dir_mu = vec![vec![0.0; n_slots]; n_pools];
-    let mut dir_lambda = vec![vec![0.0; n_slots]; n_sites];
-    let mut picked: Vec<Option<Option_>> = Vec::new();
-    let mut best_picked: Vec<Option<Option_>> = Vec::new();
+    /// Added load of one relaxed run, kW (no transfer energy: the relaxation drops it).
+    pub fn run_kw(&self, job: usize, run: &Slot) -> f64 {
+        f64::from(self.problem.jobs[job].gpus) * self.pool_kw[run.pool][run.level]
+    }
 
-    // The options of a pool set in one slot: per GPU (`gpus` = 1) or for a whole job.
-    let options_at = |pools: &[usize],
-                      slot: usize,
-                      mu: &[Vec<f64>],
-                      lambda: &[Vec<f64>],
-                      job: Option<usize>,
-                      points: &mut Vec<Option_>| {
+    /// The options of a pool set in one slot: per GPU (`job` = `None`) or for a whole job.
+    fn options_at(
+        &self,
+        pools: &[usize],
+        slot: usize,
+        mu: &[Vec<f64>],
+        lambda: &[Vec<f64>],
+        job: Option<usize>,
+        points: &mut Vec<Option_>,
+    ) {
+        let problem = self.problem;
         points.clear();
         let gpus = job.map_or(1.0, |j| f64::from(problem.jobs[j].gpus));
         for &pool in pools {
             let site = problem.pools[pool].site;
-            for level in 0..pool_kw[pool].len() {
+            for level in 0..self.pool_kw[pool].len() {
                 points.push(Option_ {
-                    work_h: pool_work[pool][level],
-                    cost_g: gpus * (mu[pool][slot] + pool_kw[pool][level] * lambda[site][slot])
+                    work_h: self.pool_work[pool][level],
+                    cost_g: gpus
+                        * (mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot])
                         + job.map_or(0.0, |j| problem.change_g(j, slot, pool, level)),
                     pool,
                     level,
                 });
             }
         }
-    };
+    }
 
-    while best.iterations < config.max_iterations.max(1) {
-        if best.iterations > 0 && (config.stop)() {
-            break;
-        }
-        best.iterations += 1;
-        for (g, group) in groups.iter_mut().enumerate() {
+    /// Prices every included job at `mu` (g per GPU, per pool and slot) and `lambda` (g per kW,
+    /// per site and slot), both >= 0. Returns `false` when some job's relaxation cannot finish
+    /// its work (then nothing bounds the plan).
+    ///
+    /// With `round_up` false the programmes round each run's work down instead: every schedule
+    /// in `runs` then does its work except for a migratable job's transfer losses, but `value_g`
+    /// bounds nothing.
+    pub fn price(&mut self, mu: &[Vec<f64>], lambda: &[Vec<f64>], round_up: bool) -> bool {
+        let problem = self.problem;
+        let n_slots = problem.n_slots;
+        let mut points = std::mem::take(&mut self.points);
+        for g in 0..self.groups.len() {
             for t in 0..n_slots {
-                if group_slots[g][t] {
-                    options_at(&group.pools, t, &mu, &lambda, None, &mut points);
-                    pareto(&mut points, &mut group.options[t]);
+                if self.group_slots[g][t] {
+                    let pools = std::mem::take(&mut self.groups[g].pools);
+                    self.options_at(&pools, t, mu, lambda, None, &mut points);
+                    self.groups[g].pools = pools;
+                    pareto(&mut points, &mut self.groups[g].options[t]);
                 }
             }
         }
-        for row in gpu_use.iter_mut().chain(kw_use.iter_mut()) {
+        for row in self.gpu_use.iter_mut().chain(self.kw_use.iter_mut()) {
             row.iter_mut().for_each(|v| *v = 0.0);
         }
         let mut value = problem.change_constant_g();
         let mut feasible = true;
-        for jp in &jobs {
-            let view = &problem.jobs[jp.job];
+        let mut own_options = std::mem::take(&mut self.own_options);
+        for i in 0..self.jobs.len() {
+            let jp = &self.jobs[i];
+            let job = jp.job;
+            let view = &problem.jobs[job];
             let gpus = f64::from(view.gpus);
             let window = view.window.clone();
-            picked.clear();
-            picked.resize(window.len(), None);
-            best_picked.clear();
-            best_picked.resize(window.len(), None);
+            self.picked.clear();
+            self.picked.resize(window.len(), None);
+            self.best_picked.clear();
+            self.best_picked.resize(window.len(), None);
             let mut best_value: Option<f64> = None;
-            for a in 0..jp.groups.len().max(jp.own.len()) {
-                let (options, scale_cost): (&[Vec<Option_>], f64) = if jp.own.is_empty() {
-                    (&groups[jp.groups[a]].options, gpus)
-                } else {
+            if let Some(moving) = jp.moving.as_ref().filter(|_| !round_up) {
+                let site_options: Vec<&[Vec<Option_>]> = moving
+                    .site_groups
+                    .iter()
+                    .map(|&g| self.groups[g].options.as_slice())
+                    .collect();
+                best_value = price_job_moving(
+                    &site_options,
+                    window.clone(),
+                    gpus,
+                    jp.unit_h,
+                    jp.units,
+                    false,
+                    moving.loss_share,
+                    moving.start,
+                    &mut self.dp,
+                    &mut self.best_picked,
+                );
+            }
+            let alternatives = if jp.moving.is_some() && !round_up {
+                0
+            } else {
+                jp.groups.len().max(jp.own.len())
+            };
+            for a in 0..alternatives {
+                let own = !jp.own.is_empty();
+                if own {
                     for t in window.clone() {
-                        options_at(&jp.own[a], t, &mu, &lambda, Some(jp.job), &mut points);
+                        self.options_at(&jp.own[a], t, mu, lambda, Some(job), &mut points);
                         pareto(&mut points, &mut own_options[t]);
                     }
+                }
+                let (options, scale_cost): (&[Vec<Option_>], f64) = if own {
                     (&own_options, 1.0)
+                } else {
+                    (&self.groups[jp.groups[a]].options, gpus)
                 };
                 let v = if view.work_hours <= 1e-9 {
                     // Nothing to do: only slots that pay (a kept previous run) are taken.
                     let mut v = 0.0;
                     for (i, t) in window.clone().enumerate() {
-                        picked[i] = options[t].first().copied().filter(|o| o.cost_g < 0.0);
-                        v += picked[i].map_or(0.0, |o| o.cost_g * scale_cost);
+                        self.picked[i] = options[t].first().copied().filter(|o| o.cost_g < 0.0);
+                        v += self.picked[i].map_or(0.0, |o| o.cost_g * scale_cost);
                     }
                     Some(v)
                 } else {
@@ -432,17 +761,18 @@ pub(crate) fn dual_bound(
                         options,
                         window.clone(),
                         scale_cost,
-                        view.work_hours,
+                        jp.unit_h,
                         jp.units,
-                        &mut dp,
-                        &mut picked,
+                        round_up,
+                        &mut self.dp,
+                        &mut self.picked,
                     )
                 };
                 if let Some(v) = v
                     && best_value.is_none_or(|b| v < b - 1e-12)
                 {
                     best_value = Some(v);
-                    best_picked.clone_from(&picked);
+                    self.best_picked.clone_from(&self.picked);
                 }
             }
             let Some(v) = best_value else {
@@ -450,43 +780,47 @@ pub(crate) fn dual_bound(
                 continue;
             };
             value += v;
-            let runs = relaxed_runs[jp.job].get_or_insert_with(Vec::new);
+            self.job_value_g[job] = v;
+            let runs = self.runs[job].get_or_insert_with(Vec::new);
             runs.clear();
             for (i, t) in window.clone().enumerate() {
-                if let Some(o) = best_picked[i] {
+                if let Some(o) = self.best_picked[i] {
                     runs.push(Slot {
                         slot: t,
                         pool: o.pool,
                         level: o.level,
                     });
                     let site = problem.pools[o.pool].site;
-                    gpu_use[o.pool][t] += gpus;
-                    kw_use[site][t] += gpus * pool_kw[o.pool][o.level];
+                    self.gpu_use[o.pool][t] += gpus;
+                    self.kw_use[site][t] += gpus * self.pool_kw[o.pool][o.level];
                 }
             }
         }
+        self.points = points;
+        self.own_options = own_options;
         if !feasible {
-            best.bound_g = None;
-            break;
+            self.value_g = f64::NEG_INFINITY;
+            return false;
         }
         // Capacity and power rows, and the grid draw's own minimum.
-        let mut norm2 = 0.0;
-        for p in 0..n_pools {
+        for p in 0..problem.pools.len() {
             let cap = f64::from(problem.pools[p].gpus);
             for t in 0..n_slots {
                 value -= mu[p][t] * cap;
-                let g = gpu_use[p][t] - cap;
-                let g = if mu[p][t] <= 0.0 { g.max(0.0) } else { g };
-                grad_mu[p][t] = g;
-                norm2 += g * g;
+                let g = self.gpu_use[p][t] - cap;
+                self.grad_mu[p][t] = if mu[p][t] <= 0.0 { g.max(0.0) } else { g };
             }
         }
-        for s in 0..n_sites {
+        for s in 0..problem.inst.sites.len() {
             for t in 0..n_slots {
-                let (l, cost, limit) = (lambda[s][t], grid_g_per_kw[s][t], grid_limit_kw[s][t]);
-                value -= l * upper_kw[s][t];
+                let (l, cost, limit) = (
+                    lambda[s][t],
+                    self.grid_g_per_kw[s][t],
+                    self.grid_limit_kw[s][t],
+                );
+                value -= l * self.upper_kw[s][t];
                 let net = cost - l;
-                let need = kw_use[s][t] - upper_kw[s][t];
+                let need = self.kw_use[s][t] - self.upper_kw[s][t];
                 let grid = if net > 1e-9 {
                     0.0
                 } else if net < -1e-9 {
@@ -502,10 +836,57 @@ pub(crate) fn dual_bound(
                 if limit.is_infinite() && l >= cost {
                     g = g.min(0.0);
                 }
-                grad_lambda[s][t] = g;
-                norm2 += g * g;
+                self.grad_lambda[s][t] = g;
             }
         }
+        self.value_g = value;
+        true
+    }
+}
+
+/// Maximises the Lagrangian dual over the jobs with `include[j]`, starting from prices read off
+/// `start` (grid carbon where it draws from the grid).
+pub(crate) fn dual_bound(
+    problem: &Problem,
+    include: &[bool],
+    start: &Schedule,
+    config: &DualConfig,
+) -> DualOutcome {
+    let n_sites = problem.inst.sites.len();
+    let n_slots = problem.n_slots;
+    let n_pools = problem.pools.len();
+    let mut pricer = Pricer::new(problem, include, Grid::Coarse, false);
+    let (mut mu, mut lambda) = match config.start {
+        Some(start) => (start.gpu.clone(), start.kw.clone()),
+        None => start_prices(problem, include, start, &pricer.grid_g_per_kw),
+    };
+
+    let mut best = DualOutcome {
+        bound_g: None,
+        iterations: 0,
+        scale: config.start_scale,
+        gpu_price: mu.clone(),
+        kw_price: lambda.clone(),
+        relaxed: Schedule {
+            runs: vec![None; problem.jobs.len()],
+        },
+    };
+    let mut scale = config.start_scale;
+    let mut since_better = 0;
+    let mut dir_mu = vec![vec![0.0; n_slots]; n_pools];
+    let mut dir_lambda = vec![vec![0.0; n_slots]; n_sites];
+
+    while best.iterations < config.max_iterations.max(1) {
+        if best.iterations > 0 && (config.stop)() {
+            break;
+        }
+        best.iterations += 1;
+        if !pricer.price(&mu, &lambda, true) {
+            best.bound_g = None;
+            break;
+        }
+        let value = pricer.value_g;
+        let (grad_mu, grad_lambda) = (&pricer.grad_mu, &pricer.grad_lambda);
         if best
             .bound_g
             .is_none_or(|b| value > b + 1e-9 * b.abs().max(1.0))
@@ -513,7 +894,7 @@ pub(crate) fn dual_bound(
             best.bound_g = Some(value);
             best.gpu_price.clone_from(&mu);
             best.kw_price.clone_from(&lambda);
-            best.relaxed.runs.clone_from(&relaxed_runs);
+            best.relaxed.runs.clone_from(&pricer.runs);
             since_better = 0;
         } else {
             since_better += 1;
@@ -534,6 +915,12 @@ pub(crate) fn dual_bound(
                 continue;
             }
         }
+        let norm2: f64 = grad_mu
+            .iter()
+            .chain(grad_lambda.iter())
+            .flatten()
+            .map(|g| g * g)
+            .sum();
         let target = config.upper_g;
         let gap = target - best.bound_g.unwrap_or(value);
         if gap <= config.rel_gap * target.abs() || norm2 <= 1e-18 {
@@ -588,8 +975,8 @@ pub(crate) fn dual_bound(
         for s in 0..n_sites {
             for t in 0..n_slots {
                 let mut l = (lambda[s][t] + step * dir_lambda[s][t]).max(0.0);
-                if grid_limit_kw[s][t].is_infinite() {
-                    l = l.min(grid_g_per_kw[s][t]);
+                if pricer.grid_limit_kw[s][t].is_infinite() {
+                    l = l.min(pricer.grid_g_per_kw[s][t]);
                 }
                 lambda[s][t] = l;
             }
@@ -597,4 +984,42 @@ pub(crate) fn dual_bound(
     }
     best.scale = scale;
     best
+}
+
+/// Starting prices read off a plan: no GPU price, and the grid cost where the plan draws from
+/// the grid.
+fn start_prices(
+    problem: &Problem,
+    include: &[bool],
+    start: &Schedule,
+    grid_g_per_kw: &[Vec<f64>],
+) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let n_sites = problem.inst.sites.len();
+    let n_slots = problem.n_slots;
+    let mut load_kw: Vec<Vec<f64>> = (0..n_sites)
+        .map(|s| vec![problem.idle_load_kw[s]; n_slots])
+        .collect();
+    for (job, runs) in start.runs.iter().enumerate() {
+        let Some(runs) = runs.as_ref().filter(|_| include[job]) else {
+            continue;
+        };
+        for ((s, t), kw) in problem.added_load_kw(job, runs) {
+            load_kw[s][t] += kw;
+        }
+    }
+    let mu = vec![vec![0.0; n_slots]; problem.pools.len()];
+    let lambda = (0..n_sites)
+        .map(|s| {
+            (0..n_slots)
+                .map(|t| {
+                    if load_kw[s][t] > problem.inst.sites[s].surplus_kw[t] + 1e-9 {
+                        grid_g_per_kw[s][t]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    (mu, lambda)
 }

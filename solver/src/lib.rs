@@ -14,7 +14,10 @@
 //! - `heuristic`: run-now baseline and the constructive heuristic;
 //! - `milp`: the exact MILP;
 //! - `colgen`: column generation over per-job schedules and its Lagrangian bound;
-//! - `lagrange`: the subgradient Lagrangian bound and prices for large instances;
+//! - `lagrange`: the relaxed and real per-job pricing programmes, the subgradient Lagrangian
+//!   bound and prices for large instances;
+//! - `master`: the master LP over those programmes' schedules (the Lagrangian dual to its
+//!   optimum) and the restricted master MILP over the real ones;
 //! - `validate`: the independent oracle.
 
 // Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
@@ -24,6 +27,7 @@ mod colgen;
 mod heuristic;
 pub mod instance;
 mod lagrange;
+mod master;
 mod milp;
 pub mod plan;
 mod problem;
@@ -50,6 +54,11 @@ const DUAL_ROUND_ITERATIONS: usize = 100;
 /// Above this many jobs, `Auto` skips column generation and the compact LP bound: the
 /// heuristic plans, the Lagrangian dual bounds it and prices guide its improvement.
 const LARGE_JOBS: usize = 200;
+
+/// Share of the time limit given to the MILP over the master LP's real schedules.
+const RESTRICTED_MILP_SHARE: f64 = 0.3;
+/// Step scale of the subgradient ascent when it starts at the master LP's prices.
+const MASTER_START_SCALE: f64 = 0.05;
 
 /// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
 const LP_BOUND_MIN_TIME_S: f64 = 10.0;
@@ -86,14 +95,17 @@ pub struct SolveOptions {
     pub method: Method,
     /// Print the MILP solver's log to standard output.
     pub log: bool,
-    /// Compute a lower bound (an LP relaxation) when the plan is not proven optimal. Rolling
-    /// re-planning that only needs the plan turns it off.
+    /// Compute a lower bound (an LP relaxation, and the master LP with its restricted MILP)
+    /// when the plan is not proven optimal. Rolling re-planning that only needs the plan turns
+    /// it off.
     pub bound: bool,
     /// Most column-generation rounds (each re-solves the master LP and prices every job); the
     /// solver has no clock, so this is how a caller bounds the pricing work.
     pub max_colgen_rounds: usize,
     /// Most subgradient iterations of the Lagrangian bound (each prices every job once).
     pub max_dual_iterations: usize,
+    /// Most rounds of the Lagrangian master LP (each solves the LP and prices every job once).
+    pub max_master_rounds: usize,
     /// Asked between steps of the solver's own loops (heuristic rounds, dual iterations,
     /// neighbourhoods); when it answers `true` the solver finishes with what it has. The solver
     /// reads no clock: a caller that wants a wall-time limit passes one that does.
@@ -136,6 +148,7 @@ impl Default for SolveOptions {
             bound: true,
             max_colgen_rounds: 400,
             max_dual_iterations: 300,
+            max_master_rounds: 200,
             stop: Stop::default(),
         }
     }
@@ -331,6 +344,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         chosen.runs[*job] = None;
     }
     let mut dual_bound: Option<f64> = None;
+    let mut restricted_share = 0.0;
     // Column generation's plan can gain from the same rounds (they are cheap next to it).
     if large || (use_colgen && !proven_optimal) {
         // Rounds of subgradient ascent, each followed by a construction at the best prices so
@@ -340,7 +354,89 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let mut prices: Option<heuristic::Prices> = None;
         let (mut iterations, mut constructions) = (0, 0);
         let mut scale = 1.0;
-        while iterations < options.max_dual_iterations && !(iterations > 0 && stop()) {
+        let mut master_summary = String::new();
+        let mut master_converged = false;
+        if !large && options.bound && !stop() {
+            // The master LP over the relaxed programmes: the Lagrangian dual to its optimum,
+            // prices for a construction, and real schedules for a restricted master MILP.
+            let config = master::MasterConfig {
+                max_rounds: options.max_master_rounds,
+                upper_g: problem.evaluate(&chosen).objective_g,
+                rel_gap: options.mip_rel_gap,
+                stop: &stop,
+                log: options.log,
+            };
+            match master::solve(&problem, &include, &chosen, &config) {
+                Ok(mut outcome) => {
+                    master_summary = format!(
+                        ", master LP ({} columns, {} rounds{})",
+                        outcome.columns,
+                        outcome.rounds,
+                        if outcome.converged { ", converged" } else { "" }
+                    );
+                    dual_bound = outcome.bound_g;
+                    master_converged = outcome.converged && outcome.bound_g.is_some();
+                    let (priced, failed) = heuristic::construct_priced(
+                        &problem,
+                        &skip_now,
+                        &outcome.prices,
+                        &outcome.relaxed,
+                        &stop,
+                    );
+                    if failed.is_empty()
+                        && problem.evaluate(&priced).objective_g
+                            < problem.evaluate(&chosen).objective_g
+                        && validate(instance, &problem.to_plan(&priced, &named(&unserved))).valid
+                    {
+                        chosen = priced;
+                        constructions += 1;
+                    }
+                    let proven = dual_bound.is_some_and(|b| {
+                        let objective = problem.evaluate(&chosen).objective_g;
+                        objective - b <= options.mip_rel_gap * objective.abs()
+                    });
+                    if !proven && !stop() {
+                        restricted_share = RESTRICTED_MILP_SHARE;
+                        let n_real = outcome.restricted.len();
+                        match outcome.restricted.solve(
+                            &problem,
+                            &chosen,
+                            options.time_limit_s * RESTRICTED_MILP_SHARE,
+                            options.mip_rel_gap,
+                            options.log,
+                        ) {
+                            Ok(Some(schedule))
+                                if problem.evaluate(&schedule).objective_g
+                                    < problem.evaluate(&chosen).objective_g
+                                    && validate(
+                                        instance,
+                                        &problem.to_plan(&schedule, &named(&unserved)),
+                                    )
+                                    .valid =>
+                            {
+                                chosen = schedule;
+                                master_summary.push_str(&format!(
+                                    ", then a better plan from its {n_real} real schedules"
+                                ));
+                            }
+                            Ok(_) => {}
+                            Err(err) => {
+                                master_summary.push_str(&format!(" (restricted master: {err})"))
+                            }
+                        }
+                    }
+                    prices = Some(outcome.prices);
+                    // The subgradient starts at the master's prices, near the dual optimum.
+                    scale = MASTER_START_SCALE;
+                }
+                Err(err) => master_summary = format!(", master LP: {err}"),
+            }
+        }
+        // A converged master has maximised the dual already.
+        while !master_converged
+            && iterations < options.max_dual_iterations
+            && !(iterations > 0 && stop())
+        {
             let current = problem.evaluate(&chosen).objective_g;
             let outcome = lagrange::dual_bound(
                 &problem,
@@ -391,13 +487,27 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 constructions += 1;
             }
         }
+        // The best prices once more on the fine work grid: a tighter bound for one pricing.
+        if iterations > 0
+            && let Some(best) = prices.as_ref()
+            && lagrange::fine_cells(&problem, &include) <= lagrange::FINE_MOST_CELLS
+            && let Some(bound) = lagrange::fine_bound(&problem, &include, best)
+            && dual_bound.is_none_or(|b| bound > b)
+        {
+            dual_bound = Some(bound);
+        }
         let before = if large {
             start_name.clone()
         } else {
             method.clone()
         };
+        let subgradient = if iterations > 0 {
+            format!(", Lagrangian bound ({iterations} subgradient iterations)")
+        } else {
+            String::new()
+        };
         method = format!(
-            "{before}, Lagrangian bound ({iterations} iterations){}",
+            "{before}{master_summary}{subgradient}{}",
             if constructions > 0 {
                 format!(", then {constructions} better plan(s) built at its prices")
             } else {
@@ -406,7 +516,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         );
     }
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
-        let budget_s = options.time_limit_s * (1.0 - full_milp_share);
+        let budget_s = options.time_limit_s * (1.0 - full_milp_share - restricted_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap, &stop);
         if n_improvements > 0
