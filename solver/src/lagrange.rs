@@ -258,7 +258,8 @@ fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
         Grid::Coarse => problem.work_grid_units(job),
         Grid::Fine if fastest_h > 0.0 => (view.work_hours / fastest_h * FINE_UNITS_PER_SLOT)
             .ceil()
-            .clamp(FINE_LEAST_UNITS, FINE_MOST_UNITS) as usize,
+            .clamp(FINE_LEAST_UNITS, FINE_MOST_UNITS)
+            as usize,
         Grid::Fine => FINE_MOST_UNITS as usize,
     };
     (view.work_hours / units as f64, units)
@@ -280,7 +281,11 @@ pub(crate) fn fine_bound(
     prices: &crate::heuristic::Prices,
 ) -> Option<f64> {
     let mut pricer = Pricer::new(problem, include, Grid::Fine, false);
-    pricer.price(&prices.gpu, &prices.kw, true).then_some(pricer.value_g)
+    if pricer.price(&prices.gpu, &prices.kw, true) {
+        Some(pricer.value_g)
+    } else {
+        None
+    }
 }
 
 /// One pool group's options for one iteration, per GPU: `options[slot]`.
@@ -571,7 +576,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             } else {
                 Vec::new()
             };
-            let job_groups = pool_sets.into_iter().map(|pools| group_of(pools)).collect();
+            let job_groups = pool_sets.into_iter().map(&mut group_of).collect();
             let moving = moving.then(|| {
                 let from: Vec<usize> = sites.iter().copied().chain(view.current_site).collect();
                 let mut most = 0.0_f64;
