@@ -50,6 +50,7 @@ pub(crate) struct ColgenOutcome {
     pub columns: usize,
 }
 
+#[derive(Clone)]
 pub(crate) struct Column {
     pub job: usize,
     pub runs: Vec<Slot>,
@@ -143,14 +144,7 @@ fn cheapest_schedule(
     }
     let k = problem.work_grid_units(job);
     let unit_h = view.work_hours / k as f64;
-    let to_units = |work_h: f64| -> usize {
-        let units = if round_up {
-            (work_h / unit_h - 1e-9).ceil()
-        } else {
-            (work_h / unit_h + 1e-9).floor()
-        };
-        (units.max(0.0) as usize).min(k)
-    };
+    let to_units = |work_h: f64| Problem::grid_units(work_h, unit_h, k, round_up);
     // States: index into `states` = the site the job last ran at; the extra last state is "has
     // not run yet" when the job has no current site.
     let mut states: Vec<usize> = sites.to_vec();
@@ -493,17 +487,8 @@ pub(crate) fn solve(
         if new_columns.is_empty() {
             break;
         }
-        let mut next = Model::from(solved);
-        for c in &new_columns {
-            next.try_add_column(
-                c.cost_g,
-                0.0..,
-                c.entries.iter().map(|&(r, v)| (row_handles[r], v)),
-            )
-            .map_err(|e| format!("HiGHS refused a column: {e:?}"))?;
-        }
+        model = grow(solved, &new_columns, &row_handles)?;
         columns.extend(new_columns);
-        model = next;
     }
 
     let schedule = solve_master_mip(problem, &jobs, &upper, &grid_cols, &columns, config)?;
@@ -514,6 +499,25 @@ pub(crate) fn solve(
         rounds,
         columns: columns.len(),
     })
+}
+
+/// A solved master with `columns` added; HiGHS keeps its basis for the next solve.
+pub(crate) fn grow(
+    solved: highs::SolvedModel,
+    columns: &[Column],
+    rows: &[Row],
+) -> Result<Model, String> {
+    let mut model = Model::from(solved);
+    for c in columns {
+        model
+            .try_add_column(
+                c.cost_g,
+                0.0..,
+                c.entries.iter().map(|&(r, v)| (rows[r], v)),
+            )
+            .map_err(|e| format!("HiGHS refused a column: {e:?}"))?;
+    }
+    Ok(model)
 }
 
 /// The master's rows (convexity per included job, then GPU and power rows with their upper

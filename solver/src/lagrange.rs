@@ -135,14 +135,7 @@ fn price_job_moving(
     dp.back3.resize(window.len() * n_states, (0, 0, 0));
     dp.any.resize(w, f64::INFINITY);
     dp.any_from.resize(w, 0);
-    let to_units = |x: f64| -> usize {
-        let u = if round_up {
-            (x / unit_h - 1e-9).ceil()
-        } else {
-            (x / unit_h + 1e-9).floor()
-        };
-        (u.max(0.0) as usize).min(k)
-    };
+    let to_units = |work_h: f64| Problem::grid_units(work_h, unit_h, k, round_up);
     for (i, t) in window.clone().enumerate() {
         dp.next.clone_from(&dp.cost);
         let back = &mut dp.back3[i * n_states..(i + 1) * n_states];
@@ -379,12 +372,7 @@ fn price_job(
         }
         let mut new_reach = reach;
         for (o, opt) in options[t].iter().enumerate() {
-            let units = if round_up {
-                (opt.work_h / unit_h - 1e-9).ceil()
-            } else {
-                (opt.work_h / unit_h + 1e-9).floor()
-            };
-            let units = (units.max(0.0) as usize).min(k);
+            let units = Problem::grid_units(opt.work_h, unit_h, k, round_up);
             let c = opt.cost_g * scale;
             for u in 0..=reach {
                 let base = dp.cost[u];

@@ -367,7 +367,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 log: options.log,
             };
             match master::solve(&problem, &include, &chosen, &config) {
-                Ok(mut outcome) => {
+                Ok(outcome) => {
                     master_summary = format!(
                         ", master LP ({} columns, {} rounds{})",
                         outcome.columns,

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 
 use highs::{HighsModelStatus, Model, Sense};
 
-use crate::colgen::{ColgenConfig, Column, master_problem, solve_master_mip};
+use crate::colgen::{ColgenConfig, Column, grow, master_problem, solve_master_mip};
 use crate::heuristic::{Prices, progress};
 use crate::lagrange::{Grid, Pricer};
 use crate::problem::{Problem, Schedule, Slot};
@@ -61,48 +61,97 @@ pub(crate) struct MasterOutcome {
     pub restricted: Restricted,
 }
 
+/// Where a job's column puts its entries in the master's rows: one convexity row per included
+/// job, then GPU rows per pool and slot, then power rows per site and slot.
+#[derive(Clone)]
+struct Layout {
+    n_slots: usize,
+    cap_base: usize,
+    pow_base: usize,
+    /// Convexity row per job (`usize::MAX` for a job left out).
+    conv: Vec<usize>,
+}
+
+impl Layout {
+    fn cap(&self, pool: usize, slot: usize) -> usize {
+        self.cap_base + pool * self.n_slots + slot
+    }
+
+    fn pow(&self, site: usize, slot: usize) -> usize {
+        self.pow_base + site * self.n_slots + slot
+    }
+
+    /// A schedule's column: real (transfer energy and migration penalty included) when
+    /// `relaxed` is `None`, else relaxed as that pricer costs it (runs' load only).
+    fn column(
+        &self,
+        problem: &Problem,
+        job: usize,
+        runs: Vec<Slot>,
+        relaxed: Option<&Pricer>,
+    ) -> Column {
+        let gpus = f64::from(problem.jobs[job].gpus);
+        let mut entries: Vec<(usize, f64)> = runs
+            .iter()
+            .map(|r| (self.cap(r.pool, r.slot), gpus))
+            .collect();
+        let mut cost_g: f64 = runs
+            .iter()
+            .map(|r| problem.change_g(job, r.slot, r.pool, r.level))
+            .sum();
+        match relaxed {
+            None => {
+                for ((site, slot), kw) in problem.added_load_kw(job, &runs) {
+                    entries.push((self.pow(site, slot), kw));
+                }
+                let migrations = progress(problem, job, &runs).map_or(0, |(_, m)| m);
+                cost_g += problem.inst.params.migration_penalty_g * migrations as f64;
+            }
+            Some(pricer) => {
+                for r in &runs {
+                    let site = problem.pools[r.pool].site;
+                    entries.push((self.pow(site, r.slot), pricer.run_kw(job, r)));
+                }
+            }
+        }
+        entries.push((self.conv[job], 1.0));
+        Column {
+            job,
+            runs,
+            real: relaxed.is_none(),
+            cost_g,
+            entries,
+        }
+    }
+}
+
+/// A column's reduced cost at the master's row duals, g.
+fn reduced_cost_g(column: &Column, duals: &[f64]) -> f64 {
+    column.cost_g
+        - column
+            .entries
+            .iter()
+            .map(|&(r, v)| duals[r] * v)
+            .sum::<f64>()
+}
+
 /// A master problem over real schedules only, solved as a MILP (price-and-branch).
 pub(crate) struct Restricted {
     jobs: Vec<usize>,
     upper: Vec<f64>,
     grid_cols: Vec<(f64, f64, usize)>,
+    layout: Layout,
     columns: Vec<Column>,
     known: BTreeSet<(usize, Vec<Slot>)>,
-    cap_base: usize,
-    pow_base: usize,
-    conv: Vec<usize>,
 }
 
 impl Restricted {
     /// Adds a real schedule's column unless it is known.
     fn add(&mut self, problem: &Problem, job: usize, runs: Vec<Slot>) {
-        if self.known.contains(&(job, runs.clone())) {
-            return;
+        if self.known.insert((job, runs.clone())) {
+            self.columns
+                .push(self.layout.column(problem, job, runs, None));
         }
-        let n_slots = problem.n_slots;
-        let gpus = f64::from(problem.jobs[job].gpus);
-        let mut entries: Vec<(usize, f64)> = runs
-            .iter()
-            .map(|r| (self.cap_base + r.pool * n_slots + r.slot, gpus))
-            .collect();
-        for ((site, slot), kw) in problem.added_load_kw(job, &runs) {
-            entries.push((self.pow_base + site * n_slots + slot, kw));
-        }
-        entries.push((self.conv[job], 1.0));
-        let migrations = progress(problem, job, &runs).map_or(0, |(_, m)| m);
-        let cost_g = problem.inst.params.migration_penalty_g * migrations as f64
-            + runs
-                .iter()
-                .map(|r| problem.change_g(job, r.slot, r.pool, r.level))
-                .sum::<f64>();
-        self.known.insert((job, runs.clone()));
-        self.columns.push(Column {
-            job,
-            runs,
-            real: true,
-            cost_g,
-            entries,
-        });
     }
 
     /// Real columns held.
@@ -113,7 +162,7 @@ impl Restricted {
     /// The best combination of the real columns and `start`'s schedules (the MILP's starting
     /// point), within HiGHS's time limit; `None` when it finds none.
     pub fn solve(
-        &mut self,
+        &self,
         problem: &Problem,
         start: &Schedule,
         time_limit_s: f64,
@@ -121,34 +170,34 @@ impl Restricted {
         log: bool,
     ) -> Result<Option<Schedule>, String> {
         // The start's columns first: the MILP is seeded with the first column of each job.
-        let mut columns = std::mem::take(&mut self.columns);
-        for &j in &self.jobs.clone() {
-            if let Some(runs) = start.runs[j].clone() {
-                self.known.remove(&(j, runs.clone()));
-                self.add(problem, j, runs);
+        let mut ordered: Vec<Column> = Vec::with_capacity(self.columns.len() + self.jobs.len());
+        let mut seeded: BTreeSet<(usize, &[Slot])> = BTreeSet::new();
+        for &j in &self.jobs {
+            if let Some(runs) = &start.runs[j] {
+                seeded.insert((j, runs));
+                ordered.push(self.layout.column(problem, j, runs.clone(), None));
             }
         }
-        let mut ordered = std::mem::take(&mut self.columns);
-        let seeded: BTreeSet<(usize, Vec<Slot>)> =
-            ordered.iter().map(|c| (c.job, c.runs.clone())).collect();
-        columns.retain(|c| !seeded.contains(&(c.job, c.runs.clone())));
-        ordered.extend(columns);
+        ordered.extend(
+            self.columns
+                .iter()
+                .filter(|c| !seeded.contains(&(c.job, c.runs.as_slice())))
+                .cloned(),
+        );
         let config = ColgenConfig {
             mip_time_limit_s: time_limit_s,
             mip_rel_gap: rel_gap,
             log,
             max_rounds: 0,
         };
-        let result = solve_master_mip(
+        solve_master_mip(
             problem,
             &self.jobs,
             &self.upper,
             &self.grid_cols,
             &ordered,
             &config,
-        );
-        self.columns = ordered;
-        result
+        )
     }
 }
 
@@ -252,8 +301,12 @@ pub(crate) fn solve(
         conv[j] = i;
     }
     let n_in = jobs.len();
-    let cap_row = |pool: usize, slot: usize| n_in + pool * n_slots + slot;
-    let pow_row = |site: usize, slot: usize| n_in + n_pools * n_slots + site * n_slots + slot;
+    let layout = Layout {
+        n_slots,
+        cap_base: n_in,
+        pow_base: n_in + n_pools * n_slots,
+        conv,
+    };
     let mut upper: Vec<f64> = vec![1.0; n_in];
     for pool in &problem.pools {
         upper.extend(std::iter::repeat_n(f64::from(pool.gpus), n_slots));
@@ -265,7 +318,7 @@ pub(crate) fn solve(
             grid_cols.push((
                 pricer.grid_g_per_kw[s][t],
                 pricer.grid_limit_kw[s][t],
-                pow_row(s, t),
+                layout.pow(s, t),
             ));
         }
     }
@@ -274,45 +327,9 @@ pub(crate) fn solve(
         jobs: jobs.clone(),
         upper: upper.clone(),
         grid_cols: grid_cols.clone(),
+        layout: layout.clone(),
         columns: Vec::new(),
         known: BTreeSet::new(),
-        cap_base: n_in,
-        pow_base: n_in + n_pools * n_slots,
-        conv: conv.clone(),
-    };
-    // A real schedule's column (with transfer energy and migration penalty), or a relaxed one.
-    let make_column = |pricer: &Pricer, job: usize, runs: Vec<Slot>, real: bool| -> Column {
-        let gpus = f64::from(problem.jobs[job].gpus);
-        let mut entries: Vec<(usize, f64)> = runs
-            .iter()
-            .map(|r| (cap_row(r.pool, r.slot), gpus))
-            .collect();
-        let mut cost_g: f64 = runs
-            .iter()
-            .map(|r| problem.change_g(job, r.slot, r.pool, r.level))
-            .sum();
-        if real {
-            for ((site, slot), kw) in problem.added_load_kw(job, &runs) {
-                entries.push((pow_row(site, slot), kw));
-            }
-            let migrations = progress(problem, job, &runs).map_or(0, |(_, m)| m);
-            cost_g += problem.inst.params.migration_penalty_g * migrations as f64;
-        } else {
-            for r in &runs {
-                entries.push((
-                    pow_row(problem.pools[r.pool].site, r.slot),
-                    pricer.run_kw(job, r),
-                ));
-            }
-        }
-        entries.push((conv[job], 1.0));
-        Column {
-            job,
-            runs,
-            real,
-            cost_g,
-            entries,
-        }
     };
 
     let mut columns: Vec<Column> = Vec::new();
@@ -320,7 +337,7 @@ pub(crate) fn solve(
     for &j in &jobs {
         let runs = seed.runs[j].clone().expect("checked above");
         known.insert((j, runs.clone()));
-        columns.push(make_column(&pricer, j, runs, true));
+        columns.push(layout.column(problem, j, runs, None));
     }
     let (mut pb, row_handles) = master_problem(n_in, &upper, &grid_cols);
     for c in &columns {
@@ -369,7 +386,7 @@ pub(crate) fn solve(
         let mu_m: Vec<Vec<f64>> = (0..n_pools)
             .map(|p| {
                 (0..n_slots)
-                    .map(|t| (-duals[cap_row(p, t)]).max(0.0))
+                    .map(|t| (-duals[layout.cap(p, t)]).max(0.0))
                     .collect()
             })
             .collect();
@@ -377,7 +394,7 @@ pub(crate) fn solve(
             .map(|s| {
                 (0..n_slots)
                     .map(|t| {
-                        let l = (-duals[pow_row(s, t)]).max(0.0);
+                        let l = (-duals[layout.pow(s, t)]).max(0.0);
                         if pricer.grid_limit_kw[s][t].is_infinite() {
                             l.min(pricer.grid_g_per_kw[s][t])
                         } else {
@@ -432,14 +449,8 @@ pub(crate) fn solve(
                 if known.contains(&(j, runs.clone())) {
                     continue;
                 }
-                let column = make_column(&pricer, j, runs.clone(), false);
-                let reduced = column.cost_g
-                    - column
-                        .entries
-                        .iter()
-                        .map(|&(r, v)| duals[r] * v)
-                        .sum::<f64>();
-                if reduced < -REDUCED_COST_EPS_G {
+                let column = layout.column(problem, j, runs.clone(), Some(&pricer));
+                if reduced_cost_g(&column, &duals) < -REDUCED_COST_EPS_G {
                     known.insert((j, column.runs.clone()));
                     if let Some(real) = realize(problem, j, &column.runs, &mu_s, &lambda_s) {
                         restricted.add(problem, j, real);
@@ -471,15 +482,9 @@ pub(crate) fn solve(
             if known.contains(&(j, runs.clone())) {
                 continue;
             }
-            let column = make_column(&pricer, j, runs.clone(), true);
-            let reduced = column.cost_g
-                - column
-                    .entries
-                    .iter()
-                    .map(|&(r, v)| duals[r] * v)
-                    .sum::<f64>();
+            let column = layout.column(problem, j, runs.clone(), None);
             restricted.add(problem, j, runs.clone());
-            if reduced < -REDUCED_COST_EPS_G {
+            if reduced_cost_g(&column, &duals) < -REDUCED_COST_EPS_G {
                 known.insert((j, runs));
                 new_columns.push(column);
             }
@@ -501,17 +506,8 @@ pub(crate) fn solve(
         {
             break;
         }
-        let mut next = Model::from(solved);
-        for c in &new_columns {
-            next.try_add_column(
-                c.cost_g,
-                0.0..,
-                c.entries.iter().map(|&(r, v)| (row_handles[r], v)),
-            )
-            .map_err(|e| format!("HiGHS refused a column: {e:?}"))?;
-        }
+        model = grow(solved, &new_columns, &row_handles)?;
         columns.extend(new_columns);
-        model = next;
     }
     // Per job, its heaviest column in the last master solution.
     let mut heaviest: Vec<Option<(f64, usize)>> = vec![None; problem.jobs.len()];

@@ -310,6 +310,18 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// Units of a work grid of `unit_h` hours that a run doing `work_h` counts for, at most
+    /// `k`: rounded **up** (the pricing relaxations, a lower bound on every real schedule) or
+    /// **down** (every schedule found does its work).
+    pub fn grid_units(work_h: f64, unit_h: f64, k: usize, round_up: bool) -> usize {
+        let units = if round_up {
+            (work_h / unit_h - 1e-9).ceil()
+        } else {
+            (work_h / unit_h + 1e-9).floor()
+        };
+        (units.max(0.0) as usize).min(k)
+    }
+
     /// Work hours one slot delivers at a pool and level.
     pub fn slot_work_h(&self, pool: usize, level: usize) -> f64 {
         let p = &self.pools[pool];
