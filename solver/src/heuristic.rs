@@ -12,13 +12,19 @@ use crate::plan::Infeasible;
 use crate::problem::{Problem, Schedule, Slot};
 
 /// Residual state while jobs are placed one by one.
-struct Residual<'p> {
+pub(crate) struct Residual<'p> {
     /// Load per site and slot, kW.
-    load_kw: Vec<Vec<f64>>,
+    pub load_kw: Vec<Vec<f64>>,
     /// Free GPUs per pool and slot.
-    free: Vec<Vec<u32>>,
+    pub free: Vec<Vec<u32>>,
     /// When set, placements are costed at these prices instead of the exact marginal cost.
     prices: Option<&'p Prices>,
+    /// When set, placements may use GPUs that are taken (the target of an ejection move, whose
+    /// holders then make room); costs stay exact.
+    pub overbook: bool,
+    /// When set (and `prices` is not), placements also pay these prices per GPU, per pool and
+    /// slot, on top of the exact grid cost: the value of a GPU-slot another job could use.
+    pub congestion: Option<&'p [Vec<f64>]>,
 }
 
 /// Prices of the coupling rows (from the Lagrangian dual): g per GPU per pool and slot, and g
@@ -28,6 +34,16 @@ pub(crate) struct Prices {
     pub kw: Vec<Vec<f64>>,
 }
 
+/// How a construction pass costs each job's first placement (its improvement rounds always use
+/// exact costs).
+#[derive(Clone, Copy)]
+enum Costing<'a> {
+    /// The exact marginal grid cost given the jobs placed before it.
+    Exact,
+    /// The coupling prices alone: GPU congestion and the value of power per site and slot.
+    Priced(&'a Prices),
+}
+
 /// A schedule and the jobs it leaves out, with the reason.
 pub(crate) type Pass = (Schedule, Vec<(usize, String)>);
 
@@ -35,9 +51,11 @@ pub(crate) type Pass = (Schedule, Vec<(usize, String)>);
 const IMPROVEMENT_ROUNDS: usize = 10;
 
 impl<'p> Residual<'p> {
-    fn new(problem: &Problem) -> Residual<'p> {
+    pub fn new(problem: &Problem) -> Residual<'p> {
         Residual {
             prices: None,
+            overbook: false,
+            congestion: None,
             load_kw: (0..problem.inst.sites.len())
                 .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
                 .collect(),
@@ -73,8 +91,13 @@ impl<'p> Residual<'p> {
         Some((after - before) * problem.slot_h * problem.grid_cost_g_per_kwh(site, slot))
     }
 
+    /// The GPU prices placements pay, if any.
+    fn gpu_price(&self) -> Option<&'p [Vec<f64>]> {
+        self.prices.map(|p| p.gpu.as_slice()).or(self.congestion)
+    }
+
     /// Adds (`sign` = 1) or removes (`sign` = -1) a job's runs and transfer energy.
-    fn apply(&mut self, problem: &Problem, job: usize, runs: &[Slot], sign: f64) {
+    pub fn apply(&mut self, problem: &Problem, job: usize, runs: &[Slot], sign: f64) {
         for ((site, slot), kw) in problem.added_load_kw(job, runs) {
             self.load_kw[site][slot] += sign * kw;
         }
@@ -90,7 +113,7 @@ impl<'p> Residual<'p> {
     }
 
     /// Exact objective increase of adding a job's runs, or `None` if they do not fit.
-    fn cost_g(
+    pub fn cost_g(
         &self,
         problem: &Problem,
         job: usize,
@@ -98,14 +121,14 @@ impl<'p> Residual<'p> {
         migrations: usize,
     ) -> Option<f64> {
         let gpus = problem.jobs[job].gpus;
-        if runs.iter().any(|r| self.free[r.pool][r.slot] < gpus) {
+        if !self.overbook && runs.iter().any(|r| self.free[r.pool][r.slot] < gpus) {
             return None;
         }
         let mut cost = problem.inst.params.migration_penalty_g * migrations as f64;
-        if let Some(prices) = self.prices {
+        if let Some(gpu_price) = self.gpu_price() {
             cost += runs
                 .iter()
-                .map(|r| f64::from(gpus) * prices.gpu[r.pool][r.slot])
+                .map(|r| f64::from(gpus) * gpu_price[r.pool][r.slot])
                 .sum::<f64>();
         }
         for ((site, slot), kw) in problem.added_load_kw(job, runs) {
@@ -191,7 +214,15 @@ pub(crate) fn construct(
         if best.is_some() && stop() {
             break;
         }
-        let pass = with_retries(problem, skip, spread, seed_order, None, None, stop);
+        let pass = with_retries(
+            problem,
+            skip,
+            spread,
+            seed_order,
+            Costing::Exact,
+            None,
+            stop,
+        );
         if best.as_ref().is_none_or(|(k, _)| pass.0 < *k) {
             best = Some(pass);
         }
@@ -206,7 +237,7 @@ fn with_retries(
     skip: &[bool],
     spread: bool,
     mut first: Vec<usize>,
-    prices: Option<&Prices>,
+    costing: Costing,
     prefer: Option<&Schedule>,
     stop: &dyn Fn() -> bool,
 ) -> ((usize, f64), Pass) {
@@ -216,7 +247,7 @@ fn with_retries(
         if best.is_some() && stop() {
             break;
         }
-        let pass = construct_pass(problem, skip, spread, &first, prices, prefer, stop);
+        let pass = construct_pass(problem, skip, spread, &first, costing, prefer, stop);
         let pass_key = key(&pass);
         let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
         if best.as_ref().is_none_or(|(k, _)| pass_key < *k) {
@@ -276,21 +307,31 @@ pub(crate) fn construct_priced(
     relaxed: &Schedule,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
-    let (ka, a) = with_retries(
+    let (key, mut best) = with_retries(
         problem,
         skip,
         true,
         Vec::new(),
-        Some(prices),
+        Costing::Priced(prices),
         Some(relaxed),
         stop,
     );
     if stop() {
-        return a;
+        return best;
     }
-    let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
-    let kb = (b.1.len(), problem.evaluate(&b.0).objective_g);
-    if ka <= kb { a } else { b }
+    let pass = construct_pass(
+        problem,
+        skip,
+        true,
+        &[],
+        Costing::Priced(prices),
+        None,
+        stop,
+    );
+    if (pass.1.len(), problem.evaluate(&pass.0).objective_g) < key {
+        best = pass;
+    }
+    best
 }
 
 fn construct_pass(
@@ -298,12 +339,15 @@ fn construct_pass(
     skip: &[bool],
     spread: bool,
     first: &[usize],
-    prices: Option<&Prices>,
+    costing: Costing,
     prefer: Option<&Schedule>,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
     let mut residual = Residual::new(problem);
-    residual.prices = prices;
+    match costing {
+        Costing::Exact => {}
+        Costing::Priced(prices) => residual.prices = Some(prices),
+    }
     let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
     let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
     order.sort_by_key(|&j| {
@@ -382,7 +426,7 @@ fn construct_pass(
 
 /// The cheapest placement found for a job given the residual state: each single site, and for a
 /// migratable job the cheapest slots across all sites. Returns (cost, runs).
-fn best_placement(
+pub(crate) fn best_placement(
     problem: &Problem,
     residual: &Residual,
     job: usize,
@@ -437,7 +481,7 @@ fn cheapest_slots(
             .iter()
             .filter(|&&p| sites.contains(&problem.pools[p].site))
         {
-            if residual.free[pool][slot] < view.gpus {
+            if !residual.overbook && residual.free[pool][slot] < view.gpus {
                 continue;
             }
             let site = problem.pools[pool].site;
@@ -448,8 +492,8 @@ fn cheapest_slots(
                     continue;
                 };
                 let congestion = residual
-                    .prices
-                    .map_or(0.0, |p| f64::from(view.gpus) * p.gpu[pool][slot]);
+                    .gpu_price()
+                    .map_or(0.0, |p| f64::from(view.gpus) * p[pool][slot]);
                 let per_work = (cost + congestion) / problem.slot_work_h(pool, level);
                 if best.is_none_or(|(b, _)| per_work < b - 1e-12) {
                     best = Some((per_work, Slot { slot, pool, level }));

@@ -12,6 +12,7 @@
 //! - `plan`: plan and metrics formats;
 //! - `problem`: the indexed view, internal schedules and the accounting rules;
 //! - `heuristic`: run-now baseline and the constructive heuristic;
+//! - `improve`: local search over a complete plan (ejection moves, ruin and recreate);
 //! - `milp`: the exact MILP;
 //! - `colgen`: column generation over per-job schedules and its Lagrangian bound;
 //! - `lagrange`: the relaxed and real per-job pricing programmes, the subgradient Lagrangian
@@ -25,6 +26,7 @@
 
 mod colgen;
 mod heuristic;
+mod improve;
 pub mod instance;
 mod lagrange;
 mod master;
@@ -68,7 +70,8 @@ const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 pub enum Method {
     /// The heuristic, then the exact MILP started from it on up to 12 jobs, column generation
     /// and rounds of the Lagrangian bound with constructions at its prices up to 200 jobs, the
-    /// Lagrangian rounds alone above; neighbourhood search uses what time is left.
+    /// Lagrangian rounds alone above; local search and neighbourhood search use what time is
+    /// left.
     #[default]
     Auto,
     /// The constructive heuristic alone.
@@ -345,6 +348,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     }
     let mut dual_bound: Option<f64> = None;
     let mut restricted_share = 0.0;
+    // The Lagrangian GPU prices, when there are any: what a GPU-slot is worth to other jobs.
+    let mut gpu_prices: Option<Vec<Vec<f64>>> = None;
     // Column generation's plan can gain from the same rounds (they are cheap next to it).
     if large || (use_colgen && !proven_optimal) {
         // Rounds of subgradient ascent, each followed by a construction at the best prices so
@@ -496,6 +501,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         {
             dual_bound = Some(bound);
         }
+        gpu_prices = prices.map(|p| p.gpu);
         let before = if large {
             start_name.clone()
         } else {
@@ -516,6 +522,18 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         );
     }
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
+        let local = improve::improve(&problem, &chosen, gpu_prices.as_deref(), &stop);
+        if local.gain_g > 0.0
+            && problem.evaluate(&local.schedule).objective_g < problem.evaluate(&chosen).objective_g
+            && validate(
+                instance,
+                &problem.to_plan(&local.schedule, &named(&unserved)),
+            )
+            .valid
+        {
+            chosen = local.schedule;
+            method = format!("{method}, then {} local-search move(s)", local.moves);
+        }
         let budget_s = options.time_limit_s * (1.0 - full_milp_share - restricted_share);
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap, &stop);

@@ -538,14 +538,19 @@ pub(crate) fn solve(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::instance::Instance;
     use crate::{heuristic, milp, validate};
 
     /// A seeded instance: solar-shaped surplus at half the sites, daily carbon cycles, two GPU
     /// models with power levels, grid limits, and jobs of 1-4 GPUs, most of them migratable.
-    fn random_instance(seed: u64, n_jobs: usize, n_sites: usize, n_slots: usize) -> Instance {
+    pub(crate) fn random_instance(
+        seed: u64,
+        n_jobs: usize,
+        n_sites: usize,
+        n_slots: usize,
+    ) -> Instance {
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
         let mut next = move || {
             state ^= state << 13;

@@ -1,0 +1,428 @@
+//! Local search over a complete plan: ejection moves, then ruin and recreate.
+//!
+//! An ejection move takes a job out and puts it where it would be cheapest if the GPUs there
+//! were free (exact grid costs, capacity ignored), moves the jobs holding those GPUs out of the
+//! way, and puts them back where they are now cheapest. A job whose best place is free is simply
+//! moved there. Rationale: when the clean GPU-slots are all taken, taking one job out and back
+//! in (the heuristic's improvement rounds) cannot give one job's clean slot to another that
+//! gains more from it; an ejection move is that exchange, and the holders may take the first
+//! job's old slots. Ruin and recreate then takes out the jobs running in a few consecutive
+//! slots and puts them back one by one, once paying the Lagrangian GPU prices on top of the
+//! exact grid cost (so a job leaves a scarce GPU-slot to others unless it gains more than the
+//! slot is worth) and once at exact cost.
+//!
+//! A move is kept only when the objective of the whole plan falls. Every cost is exact (the
+//! residual state's marginal grid cost, migrations and the change penalty against the previous
+//! plan), so the objective the search tracks is the plan's. It must not perform I/O or read the
+//! clock: it stops when `stop` answers `true` or a whole pass changes nothing.
+
+use crate::heuristic::{self, Residual};
+use crate::problem::{Problem, Schedule, Slot};
+
+/// Most jobs one move may push out of the way.
+const MOST_HOLDERS: usize = 64;
+/// Most passes over the jobs (and most rounds of ruin and recreate).
+const MOST_PASSES: usize = 50;
+/// Consecutive slots whose jobs one ruin-and-recreate move takes out, and most jobs it takes.
+const REBUILD_SLOTS: usize = 4;
+const REBUILD_JOBS: usize = 24;
+
+/// A plan under local search: the residual state, the runs and who holds each GPU-slot.
+struct State<'p> {
+    residual: Residual<'p>,
+    runs: Vec<Option<Vec<Slot>>>,
+    /// Jobs running per pool and slot.
+    holders: Vec<Vec<Vec<usize>>>,
+}
+
+impl<'p> State<'p> {
+    fn new(problem: &Problem, schedule: &Schedule) -> State<'p> {
+        let mut state = State {
+            residual: Residual::new(problem),
+            runs: vec![None; problem.jobs.len()],
+            holders: problem
+                .pools
+                .iter()
+                .map(|_| vec![Vec::new(); problem.n_slots])
+                .collect(),
+        };
+        for (job, runs) in schedule.runs.iter().enumerate() {
+            if let Some(runs) = runs {
+                state.place(problem, job, runs.clone());
+            }
+        }
+        state
+    }
+
+    fn place(&mut self, problem: &Problem, job: usize, runs: Vec<Slot>) {
+        self.residual.apply(problem, job, &runs, 1.0);
+        for run in &runs {
+            self.holders[run.pool][run.slot].push(job);
+        }
+        self.runs[job] = Some(runs);
+    }
+
+    /// Takes a job out; returns its runs and what they cost given everything else.
+    fn lift(&mut self, problem: &Problem, job: usize) -> Option<(Vec<Slot>, f64)> {
+        let runs = self.runs[job].take()?;
+        self.residual.apply(problem, job, &runs, -1.0);
+        for run in &runs {
+            self.holders[run.pool][run.slot].retain(|&j| j != job);
+        }
+        // A placed job's runs fit once it is out, so its cost is known; 0 keeps a move that
+        // would rest on an unknown cost from being taken.
+        let cost = self.cost_g(problem, job, &runs).unwrap_or(0.0);
+        Some((runs, cost))
+    }
+
+    /// Exact objective increase of adding a job's runs now, or `None` if they do not fit.
+    fn cost_g(&self, problem: &Problem, job: usize, runs: &[Slot]) -> Option<f64> {
+        let (_, migrations) = heuristic::progress(problem, job, runs)?;
+        let change: f64 = runs
+            .iter()
+            .map(|r| problem.change_g(job, r.slot, r.pool, r.level))
+            .sum();
+        Some(self.residual.cost_g(problem, job, runs, migrations)? + change)
+    }
+
+    /// Jobs to move out of the way so that `job` can run `target`, or `None` when that takes
+    /// more than [`MOST_HOLDERS`] or a slot cannot be freed. Holders with the most spare slots
+    /// in their windows go first: they have the most room to go elsewhere.
+    fn holders_in_the_way(
+        &self,
+        problem: &Problem,
+        job: usize,
+        target: &[Slot],
+    ) -> Option<Vec<usize>> {
+        let gpus = problem.jobs[job].gpus;
+        let mut out: Vec<usize> = Vec::new();
+        for run in target {
+            let freed = |out: &[usize]| -> u32 {
+                self.holders[run.pool][run.slot]
+                    .iter()
+                    .filter(|h| out.contains(h))
+                    .map(|&h| problem.jobs[h].gpus)
+                    .sum()
+            };
+            let mut free = self.residual.free[run.pool][run.slot] + freed(&out);
+            if free >= gpus {
+                continue;
+            }
+            let mut candidates: Vec<usize> = self.holders[run.pool][run.slot]
+                .iter()
+                .copied()
+                .filter(|h| !out.contains(h))
+                .collect();
+            let spare = |h: usize| {
+                problem.jobs[h].window.len() as isize
+                    - self.runs[h].as_ref().map_or(0, Vec::len) as isize
+            };
+            candidates.sort_by_key(|&h| {
+                (
+                    std::cmp::Reverse(spare(h)),
+                    std::cmp::Reverse(problem.jobs[h].window.end),
+                    h,
+                )
+            });
+            for h in candidates {
+                if free >= gpus {
+                    break;
+                }
+                free += problem.jobs[h].gpus;
+                out.push(h);
+            }
+            if free < gpus || out.len() > MOST_HOLDERS {
+                return None;
+            }
+        }
+        Some(out)
+    }
+
+    /// The cheapest placement of `job` now, paying the congestion prices when `priced`.
+    fn best(
+        &mut self,
+        problem: &Problem,
+        job: usize,
+        congestion: Option<&'p [Vec<f64>]>,
+    ) -> Option<Vec<Slot>> {
+        self.residual.congestion = congestion;
+        let best = heuristic::best_placement(problem, &self.residual, job, true);
+        self.residual.congestion = None;
+        best.map(|(_, runs)| runs)
+    }
+
+    /// Ruin and recreate: takes `jobs` out and puts them back one by one in that order, each
+    /// where it is then cheapest (paying `congestion` per GPU-slot when given); keeps the result
+    /// when the plan's objective falls and returns the change.
+    fn rebuild(
+        &mut self,
+        problem: &Problem,
+        jobs: &[usize],
+        congestion: Option<&'p [Vec<f64>]>,
+    ) -> Option<f64> {
+        let mut before = Vec::new();
+        for &j in jobs {
+            if let Some((runs, cost)) = self.lift(problem, j) {
+                before.push((j, runs, cost));
+            }
+        }
+        let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
+        let mut placed = Vec::new();
+        let mut new_total = 0.0;
+        let mut ok = true;
+        for &(j, _, _) in &before {
+            let found = self
+                .best(problem, j, congestion)
+                .and_then(|runs| Some((self.cost_g(problem, j, &runs)?, runs)));
+            let Some((cost, runs)) = found else {
+                ok = false;
+                break;
+            };
+            new_total += cost;
+            self.place(problem, j, runs);
+            placed.push(j);
+        }
+        let delta = new_total - old_total;
+        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
+            return Some(delta);
+        }
+        for j in placed {
+            self.lift(problem, j);
+        }
+        for (j, runs, _) in before {
+            self.place(problem, j, runs);
+        }
+        None
+    }
+
+    /// One ejection move for `job`; returns the objective change when it was kept.
+    fn eject(&mut self, problem: &Problem, job: usize) -> Option<f64> {
+        let (old_runs, old_cost) = self.lift(problem, job)?;
+        self.residual.overbook = true;
+        let target = heuristic::best_placement(problem, &self.residual, job, true);
+        self.residual.overbook = false;
+        let holders = target
+            .as_ref()
+            .filter(|(_, runs)| *runs != old_runs)
+            .and_then(|(_, runs)| self.holders_in_the_way(problem, job, runs));
+        let (Some((_, target)), Some(holders)) = (target, holders) else {
+            self.place(problem, job, old_runs);
+            return None;
+        };
+        let mut before = vec![(job, old_runs, old_cost)];
+        for &h in &holders {
+            if let Some((runs, cost)) = self.lift(problem, h) {
+                before.push((h, runs, cost));
+            }
+        }
+        let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
+        let mut placed: Vec<usize> = Vec::new();
+        let mut new_total = 0.0;
+        let mut ok = match self.cost_g(problem, job, &target) {
+            Some(cost) => {
+                new_total += cost;
+                self.place(problem, job, target);
+                placed.push(job);
+                true
+            }
+            None => false,
+        };
+        let mut order = holders;
+        order.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
+        for h in order {
+            if !ok {
+                break;
+            }
+            match heuristic::best_placement(problem, &self.residual, h, true)
+                .and_then(|(_, runs)| Some((self.cost_g(problem, h, &runs)?, runs)))
+            {
+                Some((cost, runs)) => {
+                    new_total += cost;
+                    self.place(problem, h, runs);
+                    placed.push(h);
+                }
+                None => ok = false,
+            }
+        }
+        let delta = new_total - old_total;
+        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
+            return Some(delta);
+        }
+        for j in placed {
+            self.lift(problem, j);
+        }
+        for (j, runs, _) in before {
+            self.place(problem, j, runs);
+        }
+        None
+    }
+}
+
+/// Runs passes of ejection moves over the planned jobs until a pass changes nothing, then rounds
+/// of ruin and recreate over windows of consecutive slots (the jobs running there, at most
+/// [`REBUILD_JOBS`] of them, put back in deadline order, once paying `congestion` per GPU-slot
+/// and once at exact cost) until a round changes nothing; `stop` ends either early. Jobs drawing
+/// the dirtiest power move first.
+pub(crate) fn improve<'p>(
+    problem: &Problem,
+    start: &Schedule,
+    congestion: Option<&'p [Vec<f64>]>,
+    stop: &dyn Fn() -> bool,
+) -> Outcome {
+    let mut state: State<'p> = State::new(problem, start);
+    let mut moves = 0;
+    let mut gain_g = 0.0;
+    let done = |state: State, moves, gain_g| Outcome {
+        schedule: Schedule { runs: state.runs },
+        moves,
+        gain_g,
+    };
+    for _ in 0..MOST_PASSES {
+        // Grid weight of the power each job draws now, per work hour: the dirtiest first.
+        let weight = |job: usize| -> f64 {
+            let runs = state.runs[job].as_deref().unwrap_or(&[]);
+            let work: f64 = runs
+                .iter()
+                .map(|r| problem.slot_work_h(r.pool, r.level))
+                .sum();
+            let grams: f64 = runs
+                .iter()
+                .map(|r| {
+                    let site = problem.pools[r.pool].site;
+                    problem.run_load_kw(job, r.pool, r.level)
+                        * problem.grid_cost_g_per_kwh(site, r.slot)
+                })
+                .sum();
+            if work > 0.0 { grams / work } else { 0.0 }
+        };
+        let mut order: Vec<(f64, usize)> = (0..problem.jobs.len())
+            .filter(|&j| state.runs[j].is_some())
+            .map(|j| (weight(j), j))
+            .collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut changed = false;
+        for (_, job) in order {
+            if stop() {
+                return done(state, moves, gain_g);
+            }
+            if let Some(delta) = state.eject(problem, job) {
+                moves += 1;
+                gain_g -= delta;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let step = (REBUILD_SLOTS / 2).max(1);
+    for round in 0..MOST_PASSES {
+        let mut changed = false;
+        for first in (0..problem.n_slots).step_by(step) {
+            if stop() {
+                return done(state, moves, gain_g);
+            }
+            let last = (first + REBUILD_SLOTS).min(problem.n_slots);
+            let mut jobs: Vec<usize> = state
+                .holders
+                .iter()
+                .flat_map(|per_slot| per_slot[first..last].iter().flatten().copied())
+                .collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            // A different sample of the jobs there each round.
+            jobs.sort_by_key(|&j| mix(j as u64, round as u64, first as u64));
+            jobs.truncate(REBUILD_JOBS);
+            jobs.sort_by_key(|&j| (problem.jobs[j].window.end, problem.jobs[j].window.start, j));
+            for prices in [congestion, None] {
+                if let Some(delta) = state.rebuild(problem, &jobs, prices) {
+                    moves += 1;
+                    gain_g -= delta;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    done(state, moves, gain_g)
+}
+
+/// What a local search did.
+pub(crate) struct Outcome {
+    pub schedule: Schedule,
+    /// Moves kept.
+    pub moves: usize,
+    /// Objective decrease the search accounted for, g (the evaluated decrease, up to rounding).
+    pub gain_g: f64,
+}
+
+/// A well-mixed hash of three numbers (splitmix64), for deterministic samples.
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(b.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+        .wrapping_add(c.wrapping_mul(0x94D0_49BB_1331_11EB));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::tests::random_instance;
+    use crate::validate;
+
+    #[test]
+    fn moves_lower_the_objective_by_what_they_account_for_and_plans_stay_valid() {
+        let never = || false;
+        let mut moves = 0;
+        for seed in 0..16 {
+            let mut instance = random_instance(seed, 14, 3, 12);
+            if seed % 2 == 1 {
+                // A previous plan, so the change penalty is part of every move's cost.
+                let problem = Problem::new(&instance);
+                let (start, _) = heuristic::construct(&problem, &vec![false; 14], true, &never);
+                instance.previous_assignments = problem.to_plan(&start, &[]).assignments;
+            }
+            let problem = Problem::new(&instance);
+            let skip = vec![false; problem.jobs.len()];
+            // The quick heuristic without its improvement rounds' polish on capacity leaves
+            // room for exchanges.
+            let (start, failed) = heuristic::construct(&problem, &skip, true, &never);
+            let congestion: Vec<Vec<f64>> = problem
+                .pools
+                .iter()
+                .map(|_| vec![5.0; problem.n_slots])
+                .collect();
+            for prices in [None, Some(congestion.as_slice())] {
+                let outcome = improve(&problem, &start, prices, &never);
+                let before = problem.evaluate(&start).objective_g;
+                let after = problem.evaluate(&outcome.schedule).objective_g;
+                assert!(
+                    after <= before + 1e-6,
+                    "seed {seed}: {after} above {before}"
+                );
+                assert!(
+                    ((before - after) - outcome.gain_g).abs() <= 1e-6 * before.max(1.0),
+                    "seed {seed}: evaluated gain {} but accounted {}",
+                    before - after,
+                    outcome.gain_g
+                );
+                let unserved: Vec<crate::plan::Infeasible> = failed
+                    .iter()
+                    .map(|(j, reason)| crate::plan::Infeasible {
+                        job: instance.jobs[*j].id.clone(),
+                        reason: reason.clone(),
+                    })
+                    .collect();
+                let check = validate(&instance, &problem.to_plan(&outcome.schedule, &unserved));
+                assert!(check.valid, "seed {seed}: {:?}", check.violations);
+                moves += outcome.moves;
+            }
+        }
+        assert!(moves > 0, "no instance gave the search a move to make");
+    }
+}
