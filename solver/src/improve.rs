@@ -138,7 +138,7 @@ impl<'p> State<'p> {
         Some(out)
     }
 
-    /// The cheapest placement of `job` now, paying the congestion prices when `priced`.
+    /// The cheapest placement of `job` now, also paying `congestion` per GPU-slot when given.
     fn best(
         &mut self,
         problem: &Problem,
