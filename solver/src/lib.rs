@@ -534,7 +534,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             chosen = local.schedule;
             method = format!("{method}, then {} local-search move(s)", local.moves);
         }
-        let budget_s = options.time_limit_s * (1.0 - full_milp_share - restricted_share);
+        // Large instances skip the neighbourhood MILPs: their rounds use the whole limit, and
+        // without a stop signal the plan then depends on no wall-clock limit.
+        let budget_s = if large {
+            0.0
+        } else {
+            options.time_limit_s * (1.0 - full_milp_share - restricted_share)
+        };
         let (improved, n_improvements) =
             neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap, &stop);
         if n_improvements > 0
