@@ -14,7 +14,7 @@ use crate::problem::{Problem, Schedule, Slot};
 /// Residual state while jobs are placed one by one.
 pub(crate) struct Residual<'p> {
     /// Load per site and slot, kW.
-    pub load_kw: Vec<Vec<f64>>,
+    load_kw: Vec<Vec<f64>>,
     /// Free GPUs per pool and slot.
     pub free: Vec<Vec<u32>>,
     /// When set, placements are costed at these prices instead of the exact marginal cost.
@@ -32,16 +32,6 @@ pub(crate) struct Residual<'p> {
 pub(crate) struct Prices {
     pub gpu: Vec<Vec<f64>>,
     pub kw: Vec<Vec<f64>>,
-}
-
-/// How a construction pass costs each job's first placement (its improvement rounds always use
-/// exact costs).
-#[derive(Clone, Copy)]
-enum Costing<'a> {
-    /// The exact marginal grid cost given the jobs placed before it.
-    Exact,
-    /// The coupling prices alone: GPU congestion and the value of power per site and slot.
-    Priced(&'a Prices),
 }
 
 /// A schedule and the jobs it leaves out, with the reason.
@@ -214,15 +204,7 @@ pub(crate) fn construct(
         if best.is_some() && stop() {
             break;
         }
-        let pass = with_retries(
-            problem,
-            skip,
-            spread,
-            seed_order,
-            Costing::Exact,
-            None,
-            stop,
-        );
+        let pass = with_retries(problem, skip, spread, seed_order, None, None, stop);
         if best.as_ref().is_none_or(|(k, _)| pass.0 < *k) {
             best = Some(pass);
         }
@@ -237,7 +219,7 @@ fn with_retries(
     skip: &[bool],
     spread: bool,
     mut first: Vec<usize>,
-    costing: Costing,
+    prices: Option<&Prices>,
     prefer: Option<&Schedule>,
     stop: &dyn Fn() -> bool,
 ) -> ((usize, f64), Pass) {
@@ -247,7 +229,7 @@ fn with_retries(
         if best.is_some() && stop() {
             break;
         }
-        let pass = construct_pass(problem, skip, spread, &first, costing, prefer, stop);
+        let pass = construct_pass(problem, skip, spread, &first, prices, prefer, stop);
         let pass_key = key(&pass);
         let failed: Vec<usize> = pass.1.iter().map(|(j, _)| *j).collect();
         if best.as_ref().is_none_or(|(k, _)| pass_key < *k) {
@@ -307,31 +289,21 @@ pub(crate) fn construct_priced(
     relaxed: &Schedule,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
-    let (key, mut best) = with_retries(
+    let (ka, a) = with_retries(
         problem,
         skip,
         true,
         Vec::new(),
-        Costing::Priced(prices),
+        Some(prices),
         Some(relaxed),
         stop,
     );
     if stop() {
-        return best;
+        return a;
     }
-    let pass = construct_pass(
-        problem,
-        skip,
-        true,
-        &[],
-        Costing::Priced(prices),
-        None,
-        stop,
-    );
-    if (pass.1.len(), problem.evaluate(&pass.0).objective_g) < key {
-        best = pass;
-    }
-    best
+    let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
+    let kb = (b.1.len(), problem.evaluate(&b.0).objective_g);
+    if ka <= kb { a } else { b }
 }
 
 fn construct_pass(
@@ -339,15 +311,12 @@ fn construct_pass(
     skip: &[bool],
     spread: bool,
     first: &[usize],
-    costing: Costing,
+    prices: Option<&Prices>,
     prefer: Option<&Schedule>,
     stop: &dyn Fn() -> bool,
 ) -> Pass {
     let mut residual = Residual::new(problem);
-    match costing {
-        Costing::Exact => {}
-        Costing::Priced(prices) => residual.prices = Some(prices),
-    }
+    residual.prices = prices;
     let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
     let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
     order.sort_by_key(|&j| {

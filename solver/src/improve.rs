@@ -160,39 +160,12 @@ impl<'p> State<'p> {
         jobs: &[usize],
         congestion: Option<&'p [Vec<f64>]>,
     ) -> Option<f64> {
-        let mut before = Vec::new();
-        for &j in jobs {
-            if let Some((runs, cost)) = self.lift(problem, j) {
-                before.push((j, runs, cost));
-            }
-        }
-        let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
-        let mut placed = Vec::new();
-        let mut new_total = 0.0;
-        let mut ok = true;
-        for &(j, _, _) in &before {
-            let found = self
-                .best(problem, j, congestion)
-                .and_then(|runs| Some((self.cost_g(problem, j, &runs)?, runs)));
-            let Some((cost, runs)) = found else {
-                ok = false;
-                break;
-            };
-            new_total += cost;
-            self.place(problem, j, runs);
-            placed.push(j);
-        }
-        let delta = new_total - old_total;
-        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
-            return Some(delta);
-        }
-        for j in placed {
-            self.lift(problem, j);
-        }
-        for (j, runs, _) in before {
-            self.place(problem, j, runs);
-        }
-        None
+        let before: Vec<_> = jobs
+            .iter()
+            .filter_map(|&j| self.lift(problem, j).map(|(runs, cost)| (j, runs, cost)))
+            .collect();
+        let order: Vec<usize> = before.iter().map(|(j, _, _)| *j).collect();
+        self.settle(problem, before, None, &order, congestion)
     }
 
     /// One ejection move for `job`; returns the objective change when it was kept.
@@ -205,7 +178,7 @@ impl<'p> State<'p> {
             .as_ref()
             .filter(|(_, runs)| *runs != old_runs)
             .and_then(|(_, runs)| self.holders_in_the_way(problem, job, runs));
-        let (Some((_, target)), Some(holders)) = (target, holders) else {
+        let (Some((_, target)), Some(mut holders)) = (target, holders) else {
             self.place(problem, job, old_runs);
             return None;
         };
@@ -215,34 +188,47 @@ impl<'p> State<'p> {
                 before.push((h, runs, cost));
             }
         }
+        holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
+        self.settle(problem, before, Some((job, target)), &holders, None)
+    }
+
+    /// Finishes a move whose jobs `before` (with their old runs and costs) are out: puts `fixed`
+    /// at its runs, then each of `others` in order where it is then cheapest (paying
+    /// `congestion` when given). Keeps the result and returns the objective change when it is
+    /// lower; otherwise puts every job back as it was.
+    fn settle(
+        &mut self,
+        problem: &Problem,
+        before: Vec<(usize, Vec<Slot>, f64)>,
+        fixed: Option<(usize, Vec<Slot>)>,
+        others: &[usize],
+        congestion: Option<&'p [Vec<f64>]>,
+    ) -> Option<f64> {
         let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
         let mut placed: Vec<usize> = Vec::new();
         let mut new_total = 0.0;
-        let mut ok = match self.cost_g(problem, job, &target) {
-            Some(cost) => {
-                new_total += cost;
-                self.place(problem, job, target);
-                placed.push(job);
-                true
-            }
-            None => false,
-        };
-        let mut order = holders;
-        order.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        for h in order {
-            if !ok {
-                break;
-            }
-            match heuristic::best_placement(problem, &self.residual, h, true)
-                .and_then(|(_, runs)| Some((self.cost_g(problem, h, &runs)?, runs)))
-            {
-                Some((cost, runs)) => {
-                    new_total += cost;
-                    self.place(problem, h, runs);
-                    placed.push(h);
+        let mut ok = true;
+        let mut next = fixed;
+        let mut others = others.iter();
+        loop {
+            let (j, runs) = match next.take() {
+                Some(found) => found,
+                None => {
+                    let Some(&j) = others.next() else { break };
+                    let Some(runs) = self.best(problem, j, congestion) else {
+                        ok = false;
+                        break;
+                    };
+                    (j, runs)
                 }
-                None => ok = false,
-            }
+            };
+            let Some(cost) = self.cost_g(problem, j, &runs) else {
+                ok = false;
+                break;
+            };
+            new_total += cost;
+            self.place(problem, j, runs);
+            placed.push(j);
         }
         let delta = new_total - old_total;
         if ok && delta < -1e-6 * old_total.abs().max(1.0) {
