@@ -13,7 +13,7 @@
 //! - `problem`: the indexed view, internal schedules and the accounting rules;
 //! - `heuristic`: run-now baseline and the constructive heuristic;
 //! - `improve`: local search over a complete plan (ejection moves, ruin and recreate);
-//! - `milp`: the exact MILP;
+//! - `milp`: the exact MILP, its LP relaxation and RINS over it;
 //! - `colgen`: column generation over per-job schedules and its Lagrangian bound;
 //! - `lagrange`: the relaxed and real per-job pricing programmes, the subgradient Lagrangian
 //!   bound and prices for large instances;
@@ -44,11 +44,14 @@ use problem::{Problem, Schedule};
 /// Share of the time limit given to the column-generation master MILP (used when there are more
 /// than twice `NEIGHBOURHOOD_JOBS` jobs); the rest goes to neighbourhood search when the plan is
 /// not proven optimal.
-const FULL_MILP_SHARE: f64 = 0.4;
+const FULL_MILP_SHARE: f64 = 0.3;
 /// HiGHS time limit for one neighbourhood MILP, seconds.
 const NEIGHBOURHOOD_LIMIT_S: f64 = 1.0;
 /// Jobs re-optimised together in one neighbourhood.
 const NEIGHBOURHOOD_JOBS: usize = 6;
+/// Jobs re-optimised together in one neighbourhood when the runs on which the plan agrees with
+/// the LP relaxation stay fixed.
+const RINS_NEIGHBOURHOOD_JOBS: usize = 16;
 
 /// Subgradient iterations between two constructions at the Lagrangian prices.
 const DUAL_ROUND_ITERATIONS: usize = 100;
@@ -58,9 +61,15 @@ const DUAL_ROUND_ITERATIONS: usize = 100;
 const LARGE_JOBS: usize = 200;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
-const RESTRICTED_MILP_SHARE: f64 = 0.3;
+const RESTRICTED_MILP_SHARE: f64 = 0.2;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
 const MASTER_START_SCALE: f64 = 0.05;
+
+/// Share of the time limit given to each RINS solve (the MILP over the runs on which the plan
+/// and the compact LP relaxation disagree), taken from the neighbourhood search.
+const RINS_SHARE: f64 = 0.3;
+/// Most RINS solves; another follows only when the last one improved the plan.
+const RINS_ROUNDS: usize = 3;
 
 /// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
 const LP_BOUND_MIN_TIME_S: f64 = 10.0;
@@ -521,6 +530,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
         );
     }
+    // The compact LP relaxation, once solved: the served jobs it covers and its value.
+    let mut compact: Option<(Vec<bool>, Option<f64>)> = None;
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         let local = improve::improve(&problem, &chosen, gpu_prices.as_deref(), &stop);
         if local.gain_g > 0.0
@@ -534,15 +545,66 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             chosen = local.schedule;
             method = format!("{method}, then {} local-search move(s)", local.moves);
         }
+        // RINS: the compact LP relaxation over the served jobs (also the plan's bound, below),
+        // then the MILP over the runs on which it and the plan disagree, while that improves.
+        let mut rins_share = 0.0;
+        let mut relaxation: Option<(Option<f64>, Option<milp::Relaxed>)> = None;
+        if !large && options.bound && !stop() {
+            let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+            relaxation = compact_relaxation(&problem, &served, options);
+            if let Some(relaxed) = relaxation.as_ref().and_then(|(_, r)| r.as_ref()) {
+                let config = milp::MilpConfig {
+                    time_limit_s: options.time_limit_s * RINS_SHARE,
+                    mip_rel_gap: options.mip_rel_gap,
+                    relax: false,
+                    soft_work: false,
+                    log: options.log,
+                };
+                let mut improvements = 0;
+                for _ in 0..RINS_ROUNDS {
+                    if stop() {
+                        break;
+                    }
+                    rins_share += RINS_SHARE;
+                    let Ok(outcome) =
+                        milp::solve_rins(&problem, &served, &chosen, relaxed, &config)
+                    else {
+                        break;
+                    };
+                    let Some(schedule) = outcome.schedule.filter(|s| {
+                        outcome.unserved.is_empty()
+                            && problem.evaluate(s).objective_g
+                                < problem.evaluate(&chosen).objective_g * (1.0 - 1e-9)
+                    }) else {
+                        break;
+                    };
+                    if !validate(instance, &problem.to_plan(&schedule, &named(&unserved))).valid {
+                        break;
+                    }
+                    chosen = schedule;
+                    improvements += 1;
+                }
+                if improvements > 0 {
+                    method = format!("{method}, then {improvements} RINS improvement(s)");
+                }
+            }
+            compact = relaxation.as_ref().map(|(bound, _)| (served, *bound));
+        }
         // Large instances skip the neighbourhood MILPs: their rounds use the whole limit, and
         // without a stop signal the plan then depends on no wall-clock limit.
         let budget_s = if large {
             0.0
         } else {
-            options.time_limit_s * (1.0 - full_milp_share - restricted_share)
+            options.time_limit_s * (1.0 - full_milp_share - restricted_share - rins_share).max(0.0)
         };
-        let (improved, n_improvements) =
-            neighbourhood_search(&problem, &chosen, budget_s, options.mip_rel_gap, &stop);
+        let (improved, n_improvements) = neighbourhood_search(
+            &problem,
+            &chosen,
+            budget_s,
+            options.mip_rel_gap,
+            relaxation.as_ref().and_then(|(_, r)| r.as_ref()),
+            &stop,
+        );
         if n_improvements > 0
             && validate(instance, &problem.to_plan(&improved, &named(&unserved))).valid
         {
@@ -578,18 +640,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // too: a MILP stopped early may not have finished its root, and the better bound is kept.
     // Large instances rely on the Lagrangian bound: the compact LP would not fit their budget.
     if !proven_optimal && options.bound && !(large && dual_bound.is_some()) {
-        let config = milp::MilpConfig {
-            // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a
-            // plan without a bound cannot say how good it is.
-            time_limit_s: options.time_limit_s.max(LP_BOUND_MIN_TIME_S),
-            mip_rel_gap: options.mip_rel_gap,
-            relax: true,
-            soft_work: false,
-            log: options.log,
+        let lp_bound = match compact {
+            Some((covered, bound)) if covered == served => bound,
+            _ => compact_relaxation(&problem, &served, options).and_then(|(bound, _)| bound),
         };
-        let lp_bound = milp::solve(&problem, &served, None, None, &config)
-            .ok()
-            .and_then(|o| o.lower_bound_g);
         lower_bound_g = match (lower_bound_g, lp_bound) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -629,6 +683,27 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         method,
     };
     Solution { plan, metrics }
+}
+
+/// The compact LP relaxation over the jobs with `served[j]`: its value (a lower bound on every
+/// plan serving them) and its run variables; `None` when HiGHS fails.
+fn compact_relaxation(
+    problem: &Problem,
+    served: &[bool],
+    options: &SolveOptions,
+) -> Option<(Option<f64>, Option<milp::Relaxed>)> {
+    let config = milp::MilpConfig {
+        // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a plan
+        // without a bound cannot say how good it is.
+        time_limit_s: options.time_limit_s.max(LP_BOUND_MIN_TIME_S),
+        mip_rel_gap: options.mip_rel_gap,
+        relax: true,
+        soft_work: false,
+        log: options.log,
+    };
+    milp::solve(problem, served, None, None, &config)
+        .ok()
+        .map(|o| (o.lower_bound_g, o.relaxed))
 }
 
 /// Emissions of the run-now baseline for every job of an instance, g CO2e.
@@ -736,14 +811,22 @@ fn neighbourhood_search(
     start: &problem::Schedule,
     budget_s: f64,
     mip_rel_gap: f64,
+    relaxed: Option<&milp::Relaxed>,
     stop: &dyn Fn() -> bool,
 ) -> (problem::Schedule, usize) {
+    // With the LP relaxation, a group's runs on which it agrees with the plan stay fixed, so a
+    // group can hold more jobs.
+    let group_jobs = if relaxed.is_some() {
+        RINS_NEIGHBOURHOOD_JOBS
+    } else {
+        NEIGHBOURHOOD_JOBS
+    };
     let mut current = start.clone();
     let mut current_objective = problem.evaluate(&current).objective_g;
     let mut served: Vec<usize> = (0..problem.jobs.len())
         .filter(|&j| current.runs[j].is_some())
         .collect();
-    if served.len() <= NEIGHBOURHOOD_JOBS {
+    if served.len() <= group_jobs {
         return (current, 0);
     }
     // Two families of neighbourhoods, each a sliding group over a job order: jobs that overlap in
@@ -759,8 +842,8 @@ fn neighbourhood_search(
     by_site.sort_by_key(|&j| (first_site(j), problem.jobs[j].window.start, j));
     let sliding = |order: &Vec<usize>| -> Vec<Vec<usize>> {
         (0..order.len())
-            .step_by(NEIGHBOURHOOD_JOBS / 2)
-            .map(|i| order[i..(i + NEIGHBOURHOOD_JOBS).min(order.len())].to_vec())
+            .step_by(group_jobs / 2)
+            .map(|i| order[i..(i + group_jobs).min(order.len())].to_vec())
             .collect()
     };
     let mut groups = sliding(&served);
@@ -786,9 +869,11 @@ fn neighbourhood_search(
             for &j in group {
                 include[j] = true;
             }
-            let Ok(outcome) =
-                milp::solve(problem, &include, Some(&current), Some(&current), &config)
-            else {
+            let solved = match relaxed {
+                Some(relaxed) => milp::solve_rins(problem, &include, &current, relaxed, &config),
+                None => milp::solve(problem, &include, Some(&current), Some(&current), &config),
+            };
+            let Ok(outcome) = solved else {
                 continue;
             };
             let Some(schedule) = outcome.schedule else {

@@ -3,7 +3,9 @@
 //! Owns the formulation (placement, locations, migrations with the feasibility domain, work with
 //! transfer losses, capacity, power balance, grid limits) and the reading of HiGHS's answer and
 //! dual bound. It is exact on small instances; large ones need the heuristic's start and a time
-//! limit. It must not perform I/O or read the clock.
+//! limit. The LP relaxation returns its run variables, and [`solve_rins`] solves the MILP with
+//! those on which a plan and the relaxation agree fixed. It must not perform I/O or read the
+//! clock.
 
 use std::collections::BTreeMap;
 
@@ -37,7 +39,17 @@ pub(crate) struct MilpOutcome {
     pub proven_optimal: bool,
     /// A lower bound on the objective of every plan serving all included jobs, g.
     pub lower_bound_g: Option<f64>,
+    /// The LP relaxation's run variables, per job, when `relax` was set and the LP solved.
+    pub relaxed: Option<Relaxed>,
 }
+
+/// The LP relaxation's run variables: per job, the value of each run (slot, pool, level) it
+/// gives a positive value (those it leaves out are 0).
+pub(crate) type Relaxed = Vec<BTreeMap<(usize, usize, usize), f64>>;
+
+/// A run variable counts as agreeing with the LP relaxation when the LP value is within this of
+/// the incumbent's 0 or 1.
+const AGREE_EPS: f64 = 1e-6;
 
 struct Builder {
     vars: ProblemVariables,
@@ -65,6 +77,41 @@ pub(crate) fn solve(
     include: &[bool],
     warm: Option<&Schedule>,
     fixed: Option<&Schedule>,
+    config: &MilpConfig,
+) -> Result<MilpOutcome, String> {
+    build_and_solve(problem, include, warm, fixed, None, config)
+}
+
+/// Relaxation-induced neighbourhood search (RINS): the MILP over the included jobs with every
+/// run variable on which `incumbent` and the LP relaxation `relaxed` agree fixed to that value,
+/// started from `incumbent`; the jobs left out stay where `incumbent` has them. Its answer is
+/// never worse than the incumbent, and the variables left free are where the LP sees something
+/// better.
+pub(crate) fn solve_rins(
+    problem: &Problem,
+    include: &[bool],
+    incumbent: &Schedule,
+    relaxed: &Relaxed,
+    config: &MilpConfig,
+) -> Result<MilpOutcome, String> {
+    build_and_solve(
+        problem,
+        include,
+        Some(incumbent),
+        Some(incumbent),
+        Some(relaxed),
+        config,
+    )
+}
+
+/// [`solve`], with the run variables on which `agree` and `warm` agree fixed (see
+/// [`solve_rins`]).
+fn build_and_solve(
+    problem: &Problem,
+    include: &[bool],
+    warm: Option<&Schedule>,
+    fixed: Option<&Schedule>,
+    agree: Option<&Relaxed>,
     config: &MilpConfig,
 ) -> Result<MilpOutcome, String> {
     let n_sites = problem.inst.sites.len();
@@ -153,7 +200,14 @@ pub(crate) fn solve(
                 let site = problem.pools[pool].site;
                 for level in 0..problem.pools[pool].levels_w.len() {
                     let on = warm_at(slot) == Some(Slot { slot, pool, level });
-                    let x = b.add(binary(config.relax), if on { 1.0 } else { 0.0 });
+                    let lp =
+                        agree.map(|a| a[job].get(&(slot, pool, level)).copied().unwrap_or(0.0));
+                    let def = match lp {
+                        Some(v) if on && v >= 1.0 - AGREE_EPS => variable().min(1.0).max(1.0),
+                        Some(v) if !on && v <= AGREE_EPS => variable().min(0.0).max(0.0),
+                        _ => binary(config.relax),
+                    };
+                    let x = b.add(def, if on { 1.0 } else { 0.0 });
                     x_vars[job].insert((slot, pool, level), b.warm.len() - 1);
                     one_place += x;
                     run_slots += x;
@@ -469,12 +523,35 @@ pub(crate) fn solve(
             "the model has no feasible plan (a site's idle load may exceed its grid limit)".into(),
         );
     }
-    if !has_solution || config.relax {
+    if config.relax {
+        let relaxed = proven_optimal.then(|| {
+            let values = solved.get_solution();
+            let columns = values.columns();
+            x_vars
+                .iter()
+                .map(|vars| {
+                    vars.iter()
+                        .filter(|(_, v)| columns[**v] > AGREE_EPS)
+                        .map(|(&key, v)| (key, columns[*v]))
+                        .collect()
+                })
+                .collect()
+        });
         return Ok(MilpOutcome {
             schedule: None,
             unserved: Vec::new(),
             proven_optimal: false,
             lower_bound_g,
+            relaxed,
+        });
+    }
+    if !has_solution {
+        return Ok(MilpOutcome {
+            schedule: None,
+            unserved: Vec::new(),
+            proven_optimal: false,
+            lower_bound_g,
+            relaxed: None,
         });
     }
     let values = solved.get_solution();
@@ -506,5 +583,97 @@ pub(crate) fn solve(
         unserved,
         proven_optimal,
         lower_bound_g,
+        relaxed: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heuristic;
+    use crate::master::tests::random_instance;
+    use crate::validate;
+
+    /// A schedule as an LP point: 1 on each of its runs.
+    fn as_relaxed(schedule: &Schedule) -> Relaxed {
+        schedule
+            .runs
+            .iter()
+            .map(|runs| {
+                runs.iter()
+                    .flatten()
+                    .map(|r| ((r.slot, r.pool, r.level), 1.0))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rins_never_loses_the_incumbent_and_finds_the_optimum_the_relaxation_points_at() {
+        let never = || false;
+        let exact = MilpConfig {
+            time_limit_s: 30.0,
+            mip_rel_gap: 1e-7,
+            relax: false,
+            soft_work: false,
+            log: false,
+        };
+        let mut compared = 0;
+        for seed in 0..10 {
+            let instance = random_instance(seed, 7, 3, 10);
+            let problem = Problem::new(&instance);
+            let skip = vec![false; problem.jobs.len()];
+            let (start, failed) = heuristic::construct(&problem, &skip, false, &never);
+            if !failed.is_empty() {
+                continue;
+            }
+            let include = vec![true; problem.jobs.len()];
+            let start_g = problem.evaluate(&start).objective_g;
+            let optimum = solve(&problem, &include, Some(&start), None, &exact).expect("MILP");
+            let Some(best) = optimum.schedule.filter(|_| optimum.proven_optimal) else {
+                continue;
+            };
+            let best_g = problem.evaluate(&best).objective_g;
+            let tolerance = 1e-6 * best_g.max(1.0);
+
+            // The compact LP relaxation: RINS from the heuristic's plan keeps or improves it.
+            let lp_config = MilpConfig {
+                relax: true,
+                ..exact.clone()
+            };
+            let lp = solve(&problem, &include, None, None, &lp_config).expect("LP");
+            let relaxed = lp.relaxed.expect("the LP solves");
+            assert!(lp.lower_bound_g.expect("LP value") <= best_g + tolerance);
+            let rins = solve_rins(&problem, &include, &start, &relaxed, &exact).expect("RINS");
+            let plan = rins.schedule.expect("the incumbent is a solution");
+            let plan_g = problem.evaluate(&plan).objective_g;
+            assert!(
+                plan_g <= start_g + tolerance,
+                "seed {seed}: {plan_g} > {start_g}"
+            );
+            assert!(
+                plan_g >= best_g - tolerance,
+                "seed {seed}: {plan_g} < {best_g}"
+            );
+            let check = validate(&instance, &problem.to_plan(&plan, &[]));
+            assert!(check.valid, "seed {seed}: {:?}", check.violations);
+
+            // A relaxation that points at the optimum leaves its runs free: RINS finds it.
+            let rins =
+                solve_rins(&problem, &include, &start, &as_relaxed(&best), &exact).expect("RINS");
+            let found_g = problem
+                .evaluate(&rins.schedule.expect("a plan"))
+                .objective_g;
+            assert!(
+                (found_g - best_g).abs() <= tolerance,
+                "seed {seed}: {found_g} vs the optimum {best_g}"
+            );
+            // One that agrees with the incumbent fixes every run: the incumbent comes back.
+            let rins =
+                solve_rins(&problem, &include, &start, &as_relaxed(&start), &exact).expect("RINS");
+            assert_eq!(rins.schedule.expect("a plan"), start, "seed {seed}");
+            compared += 1;
+        }
+        assert!(compared >= 6, "only {compared} instances were compared");
+    }
 }
