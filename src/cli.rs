@@ -52,7 +52,7 @@ pub enum MethodArg {
     ColumnGeneration,
     DirectMilp,
     /// The heuristic, then the Lagrangian bound and a construction at its prices (what `auto`
-    /// does above 200 jobs).
+    /// does above 200 jobs or 50,000 run variables).
     Lagrangian,
 }
 
@@ -476,9 +476,10 @@ pub enum Command {
         /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
         #[arg(long, default_value_t = 1e-4)]
         gap: f64,
-        /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation up to 200, the
-        /// Lagrangian bound with constructions at its prices above), `lagrangian` (that at any
-        /// size), `heuristic`
+        /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation up to 200 jobs and
+        /// 50,000 run variables (job x slot x pool x power level in the windows), the Lagrangian
+        /// bound with constructions at its prices above), `lagrangian` (that at any size),
+        /// `heuristic`
         /// (constructive heuristic alone: fast, no optimality claim), `column-generation` (at any
         /// size) or `direct-milp` (the time-indexed MILP over every job at any size, for
         /// comparison).

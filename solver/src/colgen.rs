@@ -30,13 +30,16 @@ use crate::problem::{Problem, Schedule, Slot};
 /// A column enters when its reduced cost is below minus this, g.
 const REDUCED_COST_EPS_G: f64 = 1e-6;
 
-pub(crate) struct ColgenConfig {
+pub(crate) struct ColgenConfig<'a> {
     /// HiGHS time limit for the master MILP, seconds.
     pub mip_time_limit_s: f64,
     pub mip_rel_gap: f64,
     pub log: bool,
     /// Most master LP rounds (each re-solves the LP and prices every job).
     pub max_rounds: usize,
+    /// Asked before each round after the first; `true` ends the rounds, and the master MILP
+    /// runs over the columns so far.
+    pub stop: &'a dyn Fn() -> bool,
 }
 
 pub(crate) struct ColgenOutcome {
@@ -379,7 +382,7 @@ pub(crate) fn solve(
     let mut best_bound: Option<f64> = None;
     let mut converged = false;
     let mut rounds = 0;
-    while rounds < config.max_rounds.max(1) {
+    while rounds < config.max_rounds.max(1) && !(rounds > 0 && (config.stop)()) {
         rounds += 1;
         let solved = model
             .try_solve()

@@ -59,6 +59,10 @@ const DUAL_ROUND_ITERATIONS: usize = 100;
 /// Above this many jobs, `Auto` skips column generation and the compact LP bound: the
 /// heuristic plans, the Lagrangian dual bounds it and prices guide its improvement.
 const LARGE_JOBS: usize = 200;
+/// Above this many run variables (job x slot x pool x power level within the jobs' windows),
+/// `Auto` takes the large-instance path too, whatever the number of jobs: column generation's
+/// pricing and the compact LP grow with them (measured in `docs/benchmarks.md`).
+const LARGE_RUN_VARIABLES: usize = 50_000;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
 const RESTRICTED_MILP_SHARE: f64 = 0.2;
@@ -78,9 +82,9 @@ const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
     /// The heuristic, then the exact MILP started from it on up to 12 jobs, column generation
-    /// and rounds of the Lagrangian bound with constructions at its prices up to 200 jobs, the
-    /// Lagrangian rounds alone above; local search and neighbourhood search use what time is
-    /// left.
+    /// and rounds of the Lagrangian bound with constructions at its prices up to 200 jobs and
+    /// 50,000 run variables (job x slot x pool x power level in the windows), the Lagrangian
+    /// rounds alone above; local search, RINS and neighbourhood search use what time is left.
     #[default]
     Auto,
     /// The constructive heuristic alone.
@@ -89,7 +93,7 @@ pub enum Method {
     /// the exact MILP instead on up to 12 jobs).
     ColumnGeneration,
     /// The heuristic, then the Lagrangian bound and a construction at its prices, at any size
-    /// (`Auto` does this above 200 jobs).
+    /// (`Auto` does this above 200 jobs or 50,000 run variables).
     Lagrangian,
     /// The heuristic, then the direct time-indexed MILP over every job with the whole time
     /// limit, at any size (no neighbourhood search): the reference the benchmark compares with.
@@ -200,7 +204,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     };
     let stop = || options.stop.now();
     let large = options.method == Method::Lagrangian
-        || (options.method == Method::Auto && skip.iter().filter(|s| !**s).count() > LARGE_JOBS);
+        || (options.method == Method::Auto
+            && (skip.iter().filter(|s| !**s).count() > LARGE_JOBS
+                || run_variables(&problem, &skip) > LARGE_RUN_VARIABLES));
     let (mut heuristic_schedule, mut heuristic_failed) =
         heuristic::construct(&problem, &skip, large, &stop);
     let mut method = "heuristic".to_string();
@@ -272,6 +278,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             mip_rel_gap: options.mip_rel_gap,
             log: options.log,
             max_rounds: options.max_colgen_rounds,
+            stop: &stop,
         };
         match colgen::solve(&problem, &include, &heuristic_schedule, &config) {
             Ok(outcome) => {
@@ -683,6 +690,23 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         method,
     };
     Solution { plan, metrics }
+}
+
+/// Run variables of the jobs without `skip[j]`: slots in the window times the power levels of
+/// the pools the job may use.
+fn run_variables(problem: &Problem, skip: &[bool]) -> usize {
+    (0..problem.jobs.len())
+        .filter(|&j| !skip[j])
+        .map(|j| {
+            let view = &problem.jobs[j];
+            view.window.len()
+                * view
+                    .pools
+                    .iter()
+                    .map(|&p| problem.pools[p].levels_w.len())
+                    .sum::<usize>()
+        })
+        .sum()
 }
 
 /// The compact LP relaxation over the jobs with `served[j]`: its value (a lower bound on every

@@ -189,6 +189,7 @@ impl Restricted {
             mip_rel_gap: rel_gap,
             log,
             max_rounds: 0,
+            stop: &|| false,
         };
         solve_master_mip(
             problem,

@@ -482,6 +482,32 @@ fn column_generation_plans_validate_on_random_instances() {
 }
 
 #[test]
+fn a_stop_signal_ends_column_generation_with_a_valid_plan() {
+    // A caller whose time is up before the first round ends: one round, then the master MILP
+    // over those columns; the plan still validates.
+    let instance = random_instance(21, 30, 4, 24);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            time_limit_s: 4.0,
+            mip_rel_gap: 1e-4,
+            method: Method::ColumnGeneration,
+            stop: windfall_solver::Stop::new(|| true),
+            ..SolveOptions::default()
+        },
+    );
+    let m = &solution.metrics;
+    assert!(
+        m.method.contains("1 rounds, stopped before convergence"),
+        "{m:?}"
+    );
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(m.infeasible_jobs.is_empty(), "{m:?}");
+    assert!(m.lower_bound_g <= m.objective_g + 1e-6, "{m:?}");
+}
+
+#[test]
 fn lagrangian_bound_is_below_the_exact_optimum() {
     // The subgradient bound against optima the exact MILP proves (random instances with
     // migrations, power levels, surplus and grid limits; then the same instances with the
