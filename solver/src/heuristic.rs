@@ -280,8 +280,9 @@ pub(crate) fn complete(problem: &Problem, skip: &[bool], kept: &Schedule) -> Pas
 /// prices (GPU congestion and the value of power per site and slot) instead of the marginal cost
 /// given the jobs placed before it; the improvement rounds then use exact costs. The first pass
 /// keeps each job's `relaxed` schedule (the Lagrangian subproblem's answer at these prices)
-/// where it still fits once the jobs before it are placed; the second places every job afresh.
-/// Returns the better.
+/// where it still fits once the jobs before it are placed; the second places every job afresh;
+/// the third does so least slack first (the jobs with the fewest spare slots in their windows
+/// choose first, so flexible jobs fill in around them). Returns the best.
 pub(crate) fn construct_priced(
     problem: &Problem,
     skip: &[bool],
@@ -303,7 +304,43 @@ pub(crate) fn construct_priced(
     }
     let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
     let kb = (b.1.len(), problem.evaluate(&b.0).objective_g);
-    if ka <= kb { a } else { b }
+    let (kb, b) = if ka <= kb { (ka, a) } else { (kb, b) };
+    if stop() {
+        return b;
+    }
+    let c = construct_pass(
+        problem,
+        skip,
+        true,
+        &least_slack_first(problem, skip),
+        Some(prices),
+        None,
+        stop,
+    );
+    let kc = (c.1.len(), problem.evaluate(&c.0).objective_g);
+    if kb <= kc { b } else { c }
+}
+
+/// The jobs without `skip[j]`, least slack first: the slots in the window beyond those the job
+/// needs at its fastest pool at full power (ties by id order).
+fn least_slack_first(problem: &Problem, skip: &[bool]) -> Vec<usize> {
+    let slack = |j: usize| {
+        let view = &problem.jobs[j];
+        let most_per_slot_h = view
+            .pools
+            .iter()
+            .map(|&p| problem.slot_work_h(p, 0))
+            .fold(0.0, f64::max);
+        let needed = if most_per_slot_h > 0.0 {
+            view.work_hours / most_per_slot_h
+        } else {
+            f64::INFINITY
+        };
+        view.window.len() as f64 - needed
+    };
+    let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
+    order.sort_by(|&a, &b| slack(a).total_cmp(&slack(b)).then(a.cmp(&b)));
+    order
 }
 
 fn construct_pass(
