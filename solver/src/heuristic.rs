@@ -325,18 +325,13 @@ pub(crate) fn construct_priced(
 /// needs at its fastest pool at full power (ties by id order).
 fn least_slack_first(problem: &Problem, skip: &[bool]) -> Vec<usize> {
     let slack = |j: usize| {
-        let view = &problem.jobs[j];
-        let most_per_slot_h = view
-            .pools
-            .iter()
-            .map(|&p| problem.slot_work_h(p, 0))
-            .fold(0.0, f64::max);
-        let needed = if most_per_slot_h > 0.0 {
-            view.work_hours / most_per_slot_h
+        let fastest_h = problem.fastest_slot_h(j);
+        let needed = if fastest_h > 0.0 {
+            problem.jobs[j].work_hours / fastest_h
         } else {
             f64::INFINITY
         };
-        view.window.len() as f64 - needed
+        problem.jobs[j].window.len() as f64 - needed
     };
     let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
     order.sort_by(|&a, &b| slack(a).total_cmp(&slack(b)).then(a.cmp(&b)));

@@ -231,19 +231,10 @@ const FINE_MOST_UNITS: f64 = 4000.0;
 /// instance is priced on the coarse grid only.
 pub(crate) const FINE_MOST_CELLS: f64 = 2.5e7;
 
-/// A job's fastest work per slot, h.
-fn fastest_slot_h(problem: &Problem, job: usize) -> f64 {
-    problem.jobs[job]
-        .pools
-        .iter()
-        .map(|&p| problem.slot_work_h(p, 0))
-        .fold(0.0, f64::max)
-}
-
 /// A job's work grid: hours per unit and the units that reach its work.
 fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
     let view = &problem.jobs[job];
-    let fastest_h = fastest_slot_h(problem, job);
+    let fastest_h = problem.fastest_slot_h(job);
     if view.work_hours <= 1e-9 {
         return (1.0, 0);
     }

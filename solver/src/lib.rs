@@ -537,8 +537,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
         );
     }
-    // The compact LP relaxation, once solved: the served jobs it covers and its value.
-    let mut compact: Option<(Vec<bool>, Option<f64>)> = None;
+    // The compact LP relaxation, once solved for RINS.
+    let mut compact: Option<CompactLp> = None;
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         let local = improve::improve(&problem, &chosen, gpu_prices.as_deref(), &stop);
         if local.gain_g > 0.0
@@ -555,11 +555,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // RINS: the compact LP relaxation over the served jobs (also the plan's bound, below),
         // then the MILP over the runs on which it and the plan disagree, while that improves.
         let mut rins_share = 0.0;
-        let mut relaxation: Option<(Option<f64>, Option<milp::Relaxed>)> = None;
         if !large && options.bound && !stop() {
             let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
-            relaxation = compact_relaxation(&problem, &served, options);
-            if let Some(relaxed) = relaxation.as_ref().and_then(|(_, r)| r.as_ref()) {
+            compact = compact_relaxation(&problem, &served, options);
+            if let Some(relaxed) = compact.as_ref().and_then(|c| c.relaxed.as_ref()) {
                 let config = milp::MilpConfig {
                     time_limit_s: options.time_limit_s * RINS_SHARE,
                     mip_rel_gap: options.mip_rel_gap,
@@ -595,7 +594,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     method = format!("{method}, then {improvements} RINS improvement(s)");
                 }
             }
-            compact = relaxation.as_ref().map(|(bound, _)| (served, *bound));
         }
         // Large instances skip the neighbourhood MILPs: their rounds use the whole limit, and
         // without a stop signal the plan then depends on no wall-clock limit.
@@ -609,7 +607,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             &chosen,
             budget_s,
             options.mip_rel_gap,
-            relaxation.as_ref().and_then(|(_, r)| r.as_ref()),
+            compact.as_ref().and_then(|c| c.relaxed.as_ref()),
             &stop,
         );
         if n_improvements > 0
@@ -648,8 +646,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // Large instances rely on the Lagrangian bound: the compact LP would not fit their budget.
     if !proven_optimal && options.bound && !(large && dual_bound.is_some()) {
         let lp_bound = match compact {
-            Some((covered, bound)) if covered == served => bound,
-            _ => compact_relaxation(&problem, &served, options).and_then(|(bound, _)| bound),
+            Some(lp) if lp.served == served => lp.bound_g,
+            _ => compact_relaxation(&problem, &served, options).and_then(|lp| lp.bound_g),
         };
         lower_bound_g = match (lower_bound_g, lp_bound) {
             (Some(a), Some(b)) => Some(a.max(b)),
@@ -709,13 +707,22 @@ fn run_variables(problem: &Problem, skip: &[bool]) -> usize {
         .sum()
 }
 
-/// The compact LP relaxation over the jobs with `served[j]`: its value (a lower bound on every
-/// plan serving them) and its run variables; `None` when HiGHS fails.
+/// The compact LP relaxation over a set of served jobs.
+struct CompactLp {
+    /// The jobs it covers.
+    served: Vec<bool>,
+    /// Its value, g: a lower bound on every plan serving exactly those jobs.
+    bound_g: Option<f64>,
+    /// Its run variables, for RINS.
+    relaxed: Option<milp::Relaxed>,
+}
+
+/// The compact LP relaxation over the jobs with `served[j]`; `None` when HiGHS fails.
 fn compact_relaxation(
     problem: &Problem,
     served: &[bool],
     options: &SolveOptions,
-) -> Option<(Option<f64>, Option<milp::Relaxed>)> {
+) -> Option<CompactLp> {
     let config = milp::MilpConfig {
         // The bound gets its own budget: an LP relaxation is cheap next to the MILP, and a plan
         // without a bound cannot say how good it is.
@@ -727,7 +734,11 @@ fn compact_relaxation(
     };
     milp::solve(problem, served, None, None, &config)
         .ok()
-        .map(|o| (o.lower_bound_g, o.relaxed))
+        .map(|o| CompactLp {
+            served: served.to_vec(),
+            bound_g: o.lower_bound_g,
+            relaxed: o.relaxed,
+        })
 }
 
 /// Emissions of the run-now baseline for every job of an instance, g CO2e.

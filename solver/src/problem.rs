@@ -290,20 +290,24 @@ impl<'a> Problem<'a> {
             .collect()
     }
 
+    /// A job's most work in one slot (its fastest allowed pool at full power), h.
+    pub fn fastest_slot_h(&self, job: usize) -> f64 {
+        self.jobs[job]
+            .pools
+            .iter()
+            .map(|&p| self.slot_work_h(p, 0))
+            .fold(0.0, f64::max)
+    }
+
     /// Units of a job's work grid for the pricing programmes: 24 per slot of its fastest full
     /// work, at least 24 and at most 240, so the per-slot rounding stays at 1/24 of a slot's work
     /// whatever the job's length.
     pub fn work_grid_units(&self, job: usize) -> usize {
         const UNITS_PER_SLOT: f64 = 24.0;
         const MOST_UNITS: usize = 240;
-        let view = &self.jobs[job];
-        let fastest_h = view
-            .pools
-            .iter()
-            .map(|&p| self.slot_work_h(p, 0))
-            .fold(0.0, f64::max);
+        let fastest_h = self.fastest_slot_h(job);
         if fastest_h > 0.0 {
-            ((view.work_hours / fastest_h * UNITS_PER_SLOT).ceil() as usize)
+            ((self.jobs[job].work_hours / fastest_h * UNITS_PER_SLOT).ceil() as usize)
                 .clamp(UNITS_PER_SLOT as usize, MOST_UNITS)
         } else {
             MOST_UNITS
