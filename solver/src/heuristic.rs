@@ -177,13 +177,14 @@ pub(crate) fn progress(problem: &Problem, job: usize, runs: &[Slot]) -> Option<(
 /// more jobs, then costs less, wins. Rationale: spreading is usually cheaper but can take
 /// capacity a later job needed, and deadline order can starve a large job with a late deadline.
 ///
-/// With `quick` only the two deadline-order passes run (large instances). Once `stop` answers
-/// `true`, no further pass or improvement round starts.
+/// With `quick` only the two deadline-order passes run (large instances). The passes run side
+/// by side, one thread each, and are compared in a fixed order, so the answer does not depend on
+/// the threads. Once `stop` answers `true`, no further retry or improvement round starts.
 pub(crate) fn construct(
     problem: &Problem,
     skip: &[bool],
     quick: bool,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> Pass {
     let mut best: Option<((usize, f64), Pass)> = None;
     // Largest jobs (GPU x work hours) first is the other natural order: they get the clean
@@ -200,16 +201,32 @@ pub(crate) fn construct(
         (false, by_size),
     ];
     let n_configurations = if quick { 2 } else { configurations.len() };
-    for (spread, seed_order) in configurations.into_iter().take(n_configurations) {
-        if best.is_some() && stop() {
-            break;
-        }
-        let pass = with_retries(problem, skip, spread, seed_order, None, None, stop);
+    // The passes are independent: one thread each, compared in configuration order.
+    let passes: Vec<((usize, f64), Pass)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = configurations
+            .into_iter()
+            .take(n_configurations)
+            .map(|(spread, seed_order)| {
+                scope.spawn(move || {
+                    with_retries(problem, skip, spread, seed_order, None, None, stop)
+                })
+            })
+            .collect();
+        handles.into_iter().map(join).collect()
+    });
+    for pass in passes {
         if best.as_ref().is_none_or(|(k, _)| pass.0 < *k) {
             best = Some(pass);
         }
     }
     best.expect("at least one pass runs").1
+}
+
+/// A scoped thread's answer; a panic in it goes on in the caller.
+fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// A pass, repeated up to twice with the jobs it left out placed first; returns the best try
@@ -221,7 +238,7 @@ fn with_retries(
     mut first: Vec<usize>,
     prices: Option<&Prices>,
     prefer: Option<&Schedule>,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> ((usize, f64), Pass) {
     let key = |pass: &Pass| (pass.1.len(), problem.evaluate(&pass.0).objective_g);
     let mut best: Option<((usize, f64), Pass)> = None;
@@ -288,35 +305,27 @@ pub(crate) fn construct_priced(
     skip: &[bool],
     prices: &Prices,
     relaxed: &Schedule,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> Pass {
-    let (ka, a) = with_retries(
-        problem,
-        skip,
-        true,
-        Vec::new(),
-        Some(prices),
-        Some(relaxed),
-        stop,
-    );
-    if stop() {
-        return a;
-    }
-    let b = construct_pass(problem, skip, true, &[], Some(prices), None, stop);
+    // The three passes are independent: one thread each, compared in this order.
+    let least_slack = least_slack_first(problem, skip);
+    let ((ka, a), b, c) = std::thread::scope(|scope| {
+        let b = scope.spawn(|| construct_pass(problem, skip, true, &[], Some(prices), None, stop));
+        let c = scope
+            .spawn(|| construct_pass(problem, skip, true, &least_slack, Some(prices), None, stop));
+        let a = with_retries(
+            problem,
+            skip,
+            true,
+            Vec::new(),
+            Some(prices),
+            Some(relaxed),
+            stop,
+        );
+        (a, join(b), join(c))
+    });
     let kb = (b.1.len(), problem.evaluate(&b.0).objective_g);
     let (kb, b) = if ka <= kb { (ka, a) } else { (kb, b) };
-    if stop() {
-        return b;
-    }
-    let c = construct_pass(
-        problem,
-        skip,
-        true,
-        &least_slack_first(problem, skip),
-        Some(prices),
-        None,
-        stop,
-    );
     let kc = (c.1.len(), problem.evaluate(&c.0).objective_g);
     if kb <= kc { b } else { c }
 }
@@ -345,16 +354,19 @@ fn construct_pass(
     first: &[usize],
     prices: Option<&Prices>,
     prefer: Option<&Schedule>,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> Pass {
     let mut residual = Residual::new(problem);
     residual.prices = prices;
     let mut runs: Vec<Option<Vec<Slot>>> = vec![None; problem.jobs.len()];
     let mut order: Vec<usize> = (0..problem.jobs.len()).filter(|&j| !skip[j]).collect();
+    let mut rank = vec![usize::MAX; problem.jobs.len()];
+    for (position, &j) in first.iter().enumerate().rev() {
+        rank[j] = position;
+    }
     order.sort_by_key(|&j| {
-        let rank = first.iter().position(|&f| f == j).unwrap_or(usize::MAX);
         (
-            rank,
+            rank[j],
             problem.jobs[j].window.end,
             problem.jobs[j].window.start,
             j,

@@ -370,7 +370,7 @@ mod tests {
             if seed % 2 == 1 {
                 // A previous plan, so the change penalty is part of every move's cost.
                 let problem = Problem::new(&instance);
-                let (start, _) = heuristic::construct(&problem, &vec![false; 14], true, &never);
+                let (start, _) = heuristic::construct(&problem, &[false; 14], true, &never);
                 instance.previous_assignments = problem.to_plan(&start, &[]).assignments;
             }
             let problem = Problem::new(&instance);

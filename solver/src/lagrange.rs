@@ -332,6 +332,35 @@ struct Dp {
     any_from: Vec<u16>,
 }
 
+/// One pricing thread's buffers.
+#[derive(Default)]
+struct Scratch {
+    dp: Dp,
+    points: Vec<Option_>,
+    own_options: Vec<Vec<Option_>>,
+    picked: Vec<Option<Option_>>,
+    best_picked: Vec<Option<Option_>>,
+}
+
+impl Scratch {
+    fn new(n_slots: usize) -> Scratch {
+        Scratch {
+            own_options: vec![Vec::new(); n_slots],
+            ..Scratch::default()
+        }
+    }
+}
+
+/// Fewest included jobs per pricing thread: below, threads cost more than they save.
+const JOBS_PER_PRICING_THREAD: usize = 64;
+
+/// Threads that price `n_jobs` jobs: the machine's cores, fewer when there are few jobs. The
+/// answer does not depend on it.
+fn pricing_threads(n_jobs: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(n_jobs / JOBS_PER_PRICING_THREAD).max(1)
+}
+
 /// The cheapest way to finish `work_h` with at most one option per slot, on a work grid of
 /// `unit_h` hours (`k` units reach the work). With `round_up` each run's work is rounded **up**
 /// to the grid: a lower bound on every real schedule over the same options; otherwise **down**:
@@ -413,12 +442,11 @@ pub(crate) struct Pricer<'p, 'a> {
     groups: Vec<GroupOptions>,
     group_slots: Vec<Vec<bool>>,
     jobs: Vec<JobPricing>,
+    /// Threads that price the jobs (see [`pricing_threads`]); the answer does not depend on it.
+    threads: usize,
     // Buffers.
     points: Vec<Option_>,
-    own_options: Vec<Vec<Option_>>,
-    dp: Dp,
-    picked: Vec<Option<Option_>>,
-    best_picked: Vec<Option<Option_>>,
+    scratch: Scratch,
     gpu_use: Vec<Vec<f64>>,
     kw_use: Vec<Vec<f64>>,
     /// Results of the last `price`.
@@ -608,12 +636,10 @@ impl<'p, 'a> Pricer<'p, 'a> {
             grid_g_per_kw,
             groups,
             group_slots,
+            threads: pricing_threads(jobs.len()),
             jobs,
             points: Vec::new(),
-            own_options: vec![Vec::new(); n_slots],
-            dp: Dp::default(),
-            picked: Vec::new(),
-            best_picked: Vec::new(),
+            scratch: Scratch::new(n_slots),
             gpu_use: vec![vec![0.0; n_slots]; n_pools],
             kw_use: vec![vec![0.0; n_slots]; n_sites],
             value_g: f64::NEG_INFINITY,
@@ -657,6 +683,105 @@ impl<'p, 'a> Pricer<'p, 'a> {
         }
     }
 
+    /// The cheapest relaxed (or, without `round_up`, real) schedule of the `i`-th included job
+    /// at `mu` and `lambda`, with its value; `None` when its programme cannot finish the work.
+    fn price_one(
+        &self,
+        i: usize,
+        mu: &[Vec<f64>],
+        lambda: &[Vec<f64>],
+        round_up: bool,
+        scratch: &mut Scratch,
+    ) -> Option<(f64, Vec<Slot>)> {
+        let problem = self.problem;
+        let jp = &self.jobs[i];
+        let job = jp.job;
+        let view = &problem.jobs[job];
+        let gpus = f64::from(view.gpus);
+        let window = view.window.clone();
+        scratch.picked.clear();
+        scratch.picked.resize(window.len(), None);
+        scratch.best_picked.clear();
+        scratch.best_picked.resize(window.len(), None);
+        let mut best_value: Option<f64> = None;
+        if let Some(moving) = jp.moving.as_ref().filter(|_| !round_up) {
+            let site_options: Vec<&[Vec<Option_>]> = moving
+                .site_groups
+                .iter()
+                .map(|&g| self.groups[g].options.as_slice())
+                .collect();
+            best_value = price_job_moving(
+                &site_options,
+                window.clone(),
+                gpus,
+                jp.unit_h,
+                jp.units,
+                false,
+                moving.loss_share,
+                moving.start,
+                &mut scratch.dp,
+                &mut scratch.best_picked,
+            );
+        }
+        let alternatives = if jp.moving.is_some() && !round_up {
+            0
+        } else {
+            jp.groups.len().max(jp.own.len())
+        };
+        for a in 0..alternatives {
+            let own = !jp.own.is_empty();
+            if own {
+                for t in window.clone() {
+                    self.options_at(&jp.own[a], t, mu, lambda, Some(job), &mut scratch.points);
+                    pareto(&mut scratch.points, &mut scratch.own_options[t]);
+                }
+            }
+            let (options, scale_cost): (&[Vec<Option_>], f64) = if own {
+                (&scratch.own_options, 1.0)
+            } else {
+                (&self.groups[jp.groups[a]].options, gpus)
+            };
+            let v = if view.work_hours <= 1e-9 {
+                // Nothing to do: only slots that pay (a kept previous run) are taken.
+                let mut v = 0.0;
+                for (i, t) in window.clone().enumerate() {
+                    scratch.picked[i] = options[t].first().copied().filter(|o| o.cost_g < 0.0);
+                    v += scratch.picked[i].map_or(0.0, |o| o.cost_g * scale_cost);
+                }
+                Some(v)
+            } else {
+                price_job(
+                    options,
+                    window.clone(),
+                    scale_cost,
+                    jp.unit_h,
+                    jp.units,
+                    round_up,
+                    &mut scratch.dp,
+                    &mut scratch.picked,
+                )
+            };
+            if let Some(v) = v
+                && best_value.is_none_or(|b| v < b - 1e-12)
+            {
+                best_value = Some(v);
+                scratch.best_picked.clone_from(&scratch.picked);
+            }
+        }
+        let v = best_value?;
+        let runs = window
+            .zip(&scratch.best_picked)
+            .filter_map(|(t, o)| {
+                o.map(|o| Slot {
+                    slot: t,
+                    pool: o.pool,
+                    level: o.level,
+                })
+            })
+            .collect();
+        Some((v, runs))
+    }
+
     /// Prices every included job at `mu` (g per GPU, per pool and slot) and `lambda` (g per kW,
     /// per site and slot), both >= 0. Returns `false` when some job's relaxation cannot finish
     /// its work (then nothing bounds the plan).
@@ -681,107 +806,57 @@ impl<'p, 'a> Pricer<'p, 'a> {
         for row in self.gpu_use.iter_mut().chain(self.kw_use.iter_mut()) {
             row.iter_mut().for_each(|v| *v = 0.0);
         }
+        self.points = points;
+        let n_jobs_in = self.jobs.len();
+        let threads = self.threads.min(n_jobs_in).max(1);
+        let results: Vec<Option<(f64, Vec<Slot>)>> = if threads <= 1 {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let results = (0..n_jobs_in)
+                .map(|i| self.price_one(i, mu, lambda, round_up, &mut scratch))
+                .collect();
+            self.scratch = scratch;
+            results
+        } else {
+            // Contiguous chunks, one per thread, joined in job order: the same answer as one
+            // thread, bit for bit.
+            let chunk = n_jobs_in.div_ceil(threads);
+            let this = &*self;
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..n_jobs_in)
+                    .step_by(chunk)
+                    .map(|lo| {
+                        scope.spawn(move || {
+                            let mut scratch = Scratch::new(n_slots);
+                            (lo..(lo + chunk).min(n_jobs_in))
+                                .map(|i| this.price_one(i, mu, lambda, round_up, &mut scratch))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            })
+        };
         let mut value = problem.change_constant_g();
         let mut feasible = true;
-        let mut own_options = std::mem::take(&mut self.own_options);
-        for i in 0..self.jobs.len() {
-            let jp = &self.jobs[i];
-            let job = jp.job;
-            let view = &problem.jobs[job];
-            let gpus = f64::from(view.gpus);
-            let window = view.window.clone();
-            self.picked.clear();
-            self.picked.resize(window.len(), None);
-            self.best_picked.clear();
-            self.best_picked.resize(window.len(), None);
-            let mut best_value: Option<f64> = None;
-            if let Some(moving) = jp.moving.as_ref().filter(|_| !round_up) {
-                let site_options: Vec<&[Vec<Option_>]> = moving
-                    .site_groups
-                    .iter()
-                    .map(|&g| self.groups[g].options.as_slice())
-                    .collect();
-                best_value = price_job_moving(
-                    &site_options,
-                    window.clone(),
-                    gpus,
-                    jp.unit_h,
-                    jp.units,
-                    false,
-                    moving.loss_share,
-                    moving.start,
-                    &mut self.dp,
-                    &mut self.best_picked,
-                );
-            }
-            let alternatives = if jp.moving.is_some() && !round_up {
-                0
-            } else {
-                jp.groups.len().max(jp.own.len())
-            };
-            for a in 0..alternatives {
-                let own = !jp.own.is_empty();
-                if own {
-                    for t in window.clone() {
-                        self.options_at(&jp.own[a], t, mu, lambda, Some(job), &mut points);
-                        pareto(&mut points, &mut own_options[t]);
-                    }
-                }
-                let (options, scale_cost): (&[Vec<Option_>], f64) = if own {
-                    (&own_options, 1.0)
-                } else {
-                    (&self.groups[jp.groups[a]].options, gpus)
-                };
-                let v = if view.work_hours <= 1e-9 {
-                    // Nothing to do: only slots that pay (a kept previous run) are taken.
-                    let mut v = 0.0;
-                    for (i, t) in window.clone().enumerate() {
-                        self.picked[i] = options[t].first().copied().filter(|o| o.cost_g < 0.0);
-                        v += self.picked[i].map_or(0.0, |o| o.cost_g * scale_cost);
-                    }
-                    Some(v)
-                } else {
-                    price_job(
-                        options,
-                        window.clone(),
-                        scale_cost,
-                        jp.unit_h,
-                        jp.units,
-                        round_up,
-                        &mut self.dp,
-                        &mut self.picked,
-                    )
-                };
-                if let Some(v) = v
-                    && best_value.is_none_or(|b| v < b - 1e-12)
-                {
-                    best_value = Some(v);
-                    self.best_picked.clone_from(&self.picked);
-                }
-            }
-            let Some(v) = best_value else {
+        for (i, result) in results.into_iter().enumerate() {
+            let job = self.jobs[i].job;
+            let Some((v, runs)) = result else {
                 feasible = false;
                 continue;
             };
+            let gpus = f64::from(problem.jobs[job].gpus);
             value += v;
             self.job_value_g[job] = v;
-            let runs = self.runs[job].get_or_insert_with(Vec::new);
-            runs.clear();
-            for (i, t) in window.clone().enumerate() {
-                if let Some(o) = self.best_picked[i] {
-                    runs.push(Slot {
-                        slot: t,
-                        pool: o.pool,
-                        level: o.level,
-                    });
-                    let site = problem.pools[o.pool].site;
-                    self.gpu_use[o.pool][t] += gpus;
-                    self.kw_use[site][t] += gpus * self.pool_kw[o.pool][o.level];
-                }
+            for run in &runs {
+                let site = problem.pools[run.pool].site;
+                self.gpu_use[run.pool][run.slot] += gpus;
+                self.kw_use[site][run.slot] += gpus * self.pool_kw[run.pool][run.level];
             }
+            self.runs[job] = Some(runs);
         }
-        self.points = points;
-        self.own_options = own_options;
         if !feasible {
             self.value_g = f64::NEG_INFINITY;
             return false;
@@ -1006,4 +1081,51 @@ fn start_prices(
         })
         .collect();
     (mu, lambda)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::tests::random_instance;
+
+    /// Prices every job of `problem` at prices off the heuristic's plan, with `threads` threads.
+    fn price_with(
+        problem: &Problem,
+        threads: usize,
+        round_up: bool,
+    ) -> (f64, Vec<f64>, Vec<Option<Vec<Slot>>>) {
+        let include = vec![true; problem.jobs.len()];
+        let skip = vec![false; problem.jobs.len()];
+        let (start, _) = crate::heuristic::construct(problem, &skip, true, &|| false);
+        let mut pricer = Pricer::new(problem, &include, Grid::Coarse, true);
+        pricer.threads = threads;
+        let (mu, lambda) = start_prices(problem, &include, &start, &pricer.grid_g_per_kw);
+        pricer.price(&mu, &lambda, round_up);
+        (
+            pricer.value_g,
+            pricer.job_value_g.clone(),
+            pricer.runs.clone(),
+        )
+    }
+
+    #[test]
+    fn pricing_on_several_threads_gives_the_single_thread_answer_bit_for_bit() {
+        let instance = random_instance(11, 300, 4, 24);
+        let problem = Problem::new(&instance);
+        for round_up in [true, false] {
+            let (value, job_values, runs) = price_with(&problem, 1, round_up);
+            assert!(value.is_finite());
+            for threads in [2, 3, 7] {
+                let (v, jv, r) = price_with(&problem, threads, round_up);
+                assert_eq!(v.to_bits(), value.to_bits(), "{threads} threads");
+                assert!(
+                    jv.iter()
+                        .zip(&job_values)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{threads} threads"
+                );
+                assert_eq!(r, runs, "{threads} threads");
+            }
+        }
+    }
 }

@@ -126,6 +126,9 @@ pub struct SolveOptions {
     /// neighbourhoods); when it answers `true` the solver finishes with what it has. The solver
     /// reads no clock: a caller that wants a wall-time limit passes one that does.
     pub stop: Stop,
+    /// Told what each finished step reached (its plan and bound, kg), for a caller that shows
+    /// progress on long solves; the default tells no one.
+    pub progress: Progress,
 }
 
 /// A caller's stop signal (see [`SolveOptions::stop`]); the default never stops.
@@ -154,6 +157,37 @@ impl std::fmt::Debug for Stop {
     }
 }
 
+/// A caller's progress sink (see [`SolveOptions::progress`]); the default drops the messages.
+#[derive(Clone, Default)]
+pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
+
+/// What a [`Progress`] sink calls with each message.
+type ProgressFn = dyn Fn(&str) + Send + Sync;
+
+impl Progress {
+    /// A sink that hands each message to `f`.
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Progress {
+        Progress(Some(std::sync::Arc::new(f)))
+    }
+
+    /// Reports the message `message` builds, built only when someone listens.
+    fn report(&self, message: impl FnOnce() -> String) {
+        if let Some(f) = &self.0 {
+            f(&message());
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Progress(caller)"
+        } else {
+            "Progress(none)"
+        })
+    }
+}
+
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
@@ -166,6 +200,7 @@ impl Default for SolveOptions {
             max_dual_iterations: 300,
             max_master_rounds: 200,
             stop: Stop::default(),
+            progress: Progress::default(),
         }
     }
 }
@@ -210,6 +245,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let (mut heuristic_schedule, mut heuristic_failed) =
         heuristic::construct(&problem, &skip, large, &stop);
     let mut method = "heuristic".to_string();
+    let kg = |schedule: &Schedule| problem.evaluate(schedule).objective_g / 1000.0;
+    let progress = &options.progress;
+    progress.report(|| {
+        format!(
+            "heuristic: {:.3} kg, {} job(s) left out",
+            kg(&heuristic_schedule),
+            heuristic_failed.len()
+        )
+    });
     // Plan stability: the previous plan's runs, for every job they still finish, with the
     // heuristic's runs for the rest, start the search when that is valid and cheaper.
     if !instance.previous_assignments.is_empty() {
@@ -307,6 +351,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     let objective = problem.evaluate(&chosen).objective_g;
                     proven_optimal = objective - bound <= options.mip_rel_gap * objective.abs();
                 }
+                progress.report(|| {
+                    format!(
+                        "column generation: {:.3} kg, bound {}",
+                        kg(&chosen),
+                        bound_kg(colgen_bound)
+                    )
+                });
             }
             Err(err) => method = format!("{start_name} (column generation: {err})"),
         }
@@ -446,6 +497,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                             }
                         }
                     }
+                    progress.report(|| {
+                        format!(
+                            "master LP: {:.3} kg, bound {}",
+                            kg(&chosen),
+                            bound_kg(dual_bound)
+                        )
+                    });
                     prices = Some(outcome.prices);
                     // The subgradient starts at the master's prices, near the dual optimum.
                     scale = MASTER_START_SCALE;
@@ -484,6 +542,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kw: outcome.kw_price,
                 });
             }
+            progress.report(|| {
+                format!(
+                    "Lagrangian bound: {iterations} subgradient iteration(s), bound {}, plan {:.3} kg",
+                    bound_kg(dual_bound),
+                    kg(&chosen)
+                )
+            });
             if current - bound <= options.mip_rel_gap * current.abs()
                 || stop()
                 || scale < lagrange::MIN_STEP_SCALE
@@ -507,6 +572,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 chosen = priced;
                 constructions += 1;
             }
+            progress.report(|| format!("construction at the prices: plan {:.3} kg", kg(&chosen)));
         }
         // The best prices once more on the fine work grid: a tighter bound for one pricing.
         if iterations > 0
@@ -552,6 +618,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             chosen = local.schedule;
             method = format!("{method}, then {} local-search move(s)", local.moves);
         }
+        progress.report(|| format!("local search: {:.3} kg", kg(&chosen)));
         // RINS: the compact LP relaxation over the served jobs (also the plan's bound, below),
         // then the MILP over the runs on which it and the plan disagree, while that improves.
         let mut rins_share = 0.0;
@@ -589,6 +656,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     }
                     chosen = schedule;
                     improvements += 1;
+                    progress.report(|| format!("RINS: {:.3} kg", kg(&chosen)));
                 }
                 if improvements > 0 {
                     method = format!("{method}, then {improvements} RINS improvement(s)");
@@ -615,6 +683,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         {
             chosen = improved;
             method = format!("{method}, then {n_improvements} neighbourhood MILP improvement(s)");
+        }
+        if budget_s > 0.0 {
+            progress.report(|| format!("neighbourhood search: {:.3} kg", kg(&chosen)));
         }
     }
     infeasible.extend(named(&unserved));
@@ -661,6 +732,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         0.0
     };
+    progress.report(|| {
+        format!(
+            "done: {:.3} kg, bound {:.3} kg, gap {:.3} %",
+            objective_g / 1000.0,
+            lower_bound_g / 1000.0,
+            100.0 * gap
+        )
+    });
 
     let not_served: Vec<bool> = served.iter().map(|s| !s).collect();
     let baseline = problem.evaluate(&heuristic::run_now(&problem, &not_served));
@@ -688,6 +767,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         method,
     };
     Solution { plan, metrics }
+}
+
+/// A bound for a progress message, kg.
+fn bound_kg(bound_g: Option<f64>) -> String {
+    bound_g.map_or_else(|| "none".to_string(), |b| format!("{:.3} kg", b / 1000.0))
 }
 
 /// Run variables of the jobs without `skip[j]`: slots in the window times the power levels of
@@ -778,11 +862,10 @@ pub fn job_emissions_g(
         .map(|s| vec![problem.idle_load_kw[s]; n_slots])
         .collect();
     let mut runs: Vec<(String, usize, usize, f64)> = Vec::new(); // job, site, slot, kW
+    let jobs_by_id: std::collections::BTreeMap<&str, &Job> =
+        instance.jobs.iter().map(|j| (j.id.as_str(), j)).collect();
     for a in &plan.assignments {
-        let (Some(site), Some(job)) = (
-            site_index(&a.site),
-            instance.jobs.iter().find(|j| j.id == a.job),
-        ) else {
+        let (Some(site), Some(&job)) = (site_index(&a.site), jobs_by_id.get(a.job.as_str())) else {
             continue;
         };
         let model = a.gpu_model.clone().or_else(|| {

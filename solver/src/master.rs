@@ -630,7 +630,7 @@ pub(crate) mod tests {
                 if with_previous {
                     // The optimum as the previous plan: the change costs are priced too.
                     let problem = Problem::new(&instance);
-                    let (start, _) = heuristic::construct(&problem, &vec![false; 6], false, &never);
+                    let (start, _) = heuristic::construct(&problem, &[false; 6], false, &never);
                     let plan = problem.to_plan(&start, &[]);
                     instance.previous_assignments = plan.assignments;
                 }
@@ -654,7 +654,7 @@ pub(crate) mod tests {
                     stop: &never,
                     log: false,
                 };
-                let mut outcome = solve(&problem, &include, &start, &config).expect("master");
+                let outcome = solve(&problem, &include, &start, &config).expect("master");
                 let bound = outcome.bound_g.expect("every job can finish");
                 let tolerance = 1e-6 * optimum_g.max(1.0);
                 assert!(

@@ -161,8 +161,14 @@ impl<'a> Problem<'a> {
             .collect();
         let mut previous: Vec<BTreeMap<usize, (usize, usize)>> =
             vec![BTreeMap::new(); inst.jobs.len()];
+        let job_index: BTreeMap<&str, usize> = inst
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(j, job)| (job.id.as_str(), j))
+            .collect();
         for a in &inst.previous_assignments {
-            let Some(job) = inst.jobs.iter().position(|j| j.id == a.job) else {
+            let Some(&job) = job_index.get(a.job.as_str()) else {
                 continue;
             };
             let Some(site) = site_index(&a.site) else {
