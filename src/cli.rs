@@ -558,15 +558,6 @@ pub enum Command {
     },
 }
 
-/// The solver's progress messages as `info` log lines (shown with `-v`), each with the seconds
-/// since the solve began.
-fn progress_log() -> windfall_solver::Progress {
-    let started = Instant::now();
-    windfall_solver::Progress::new(move |message| {
-        tracing::info!("solve {:.1} s: {message}", started.elapsed().as_secs_f64())
-    })
-}
-
 /// Parses arguments, runs the command and turns errors into a message and exit code.
 pub fn main() -> ExitCode {
     if let Err(err) = apply_config_file() {
@@ -649,7 +640,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 log: solver_log,
                 bound: true,
                 stop: crate::solver_bench::stop_after(time_limit),
-                progress: progress_log(),
+                progress: crate::solver_bench::progress_log(),
                 ..SolveOptions::default()
             };
             let started = Instant::now();

@@ -138,13 +138,18 @@ pub async fn run_cycle(
     let degraded = crate::model::degraded_reasons(&provenance);
     instance.params.change_penalty_g = config.change_penalty_g;
     let jobs = instance.jobs.len();
-    let options = SolveOptions {
-        time_limit_s: config.time_limit_s,
-        ..SolveOptions::default()
-    };
+    let time_limit_s = config.time_limit_s;
     let to_solve = instance.clone();
     let (mut solution, seconds) = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
+        // The limit holds for the solver's own loops too (the Lagrangian rounds of a large
+        // fleet), not only for HiGHS.
+        let options = SolveOptions {
+            time_limit_s,
+            stop: crate::solver_bench::stop_after(time_limit_s),
+            progress: crate::solver_bench::progress_log(),
+            ..SolveOptions::default()
+        };
         let solution = solve(&to_solve, &options);
         (solution, started.elapsed().as_secs_f64())
     })

@@ -99,6 +99,15 @@ pub fn stop_after(limit_s: f64) -> windfall_solver::Stop {
     windfall_solver::Stop::new(move || Instant::now() >= deadline)
 }
 
+/// The solver's progress messages as `info` log lines (`windfall solve -v`, the planning
+/// service's log), each with the seconds since the solve began.
+pub fn progress_log() -> windfall_solver::Progress {
+    let started = Instant::now();
+    windfall_solver::Progress::new(move |message| {
+        tracing::info!("solve {:.1} s: {message}", started.elapsed().as_secs_f64())
+    })
+}
+
 /// What to run besides windfall's solve.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
