@@ -223,7 +223,7 @@ pub(crate) fn construct(
 }
 
 /// A scoped thread's answer; a panic in it goes on in the caller.
-fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+pub(crate) fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
     handle
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

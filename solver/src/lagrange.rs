@@ -835,7 +835,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                     .collect();
                 handles
                     .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .flat_map(crate::heuristic::join)
                     .collect()
             })
         };

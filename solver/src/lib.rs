@@ -149,12 +149,18 @@ impl Stop {
 
 impl std::fmt::Debug for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Stop(caller)"
-        } else {
-            "Stop(never)"
-        })
+        hook_fmt(f, "Stop", self.0.is_some(), "never")
     }
+}
+
+/// Debug output of a caller's hook: whether one is set.
+fn hook_fmt(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    set: bool,
+    unset: &str,
+) -> std::fmt::Result {
+    write!(f, "{name}({})", if set { "caller" } else { unset })
 }
 
 /// A caller's progress sink (see [`SolveOptions::progress`]); the default drops the messages.
@@ -180,11 +186,7 @@ impl Progress {
 
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Progress(caller)"
-        } else {
-            "Progress(none)"
-        })
+        hook_fmt(f, "Progress", self.0.is_some(), "none")
     }
 }
 
