@@ -16,11 +16,12 @@
 //! once per pool group and slot, and each job's programme runs over those only: the work per
 //! iteration follows the jobs' windows (the useful variables), not jobs x sites x slots.
 //!
-//! The subgradient ascent prices on the coarse work grid ([`Grid::Coarse`], 24 units per slot of
-//! fastest work), cheap enough for many iterations on thousands of jobs; the master LP and a
-//! final evaluation at the best prices ([`fine_bound`]) use the fine grid (60 units per slot),
-//! on which the rounding gains a run at most 1/60 of a slot's work: on the coarse grid a capped
-//! run can count as a full one, which loosens the bound by a few per cent.
+//! The subgradient ascent prices on the work grid its caller names ([`DualConfig::grid`]): the
+//! coarse grid ([`Grid::Coarse`], 24 units per slot of fastest work) is cheap enough for many
+//! iterations on thousands of jobs; on the fine grid (60 units per slot), which the master LP,
+//! the rounds after the coarse ones stall and a final evaluation at the best prices
+//! ([`fine_bound`]) use, the rounding gains a run at most 1/60 of a slot's work: on the coarse
+//! grid a capped run can count as a full one, which loosens the bound by a few per cent.
 //!
 //! [`Pricer`] also prices *really* (`round_up` false, work rounded down): its schedules then do
 //! their work, and a migratable job is priced with the site it last ran at as state, each move
@@ -58,6 +59,8 @@ pub(crate) struct DualConfig<'a> {
     pub start_scale: f64,
     /// Prices to start from (an earlier round's best); `None` reads them off the start plan.
     pub start: Option<&'a crate::heuristic::Prices>,
+    /// The work grid the jobs are priced on.
+    pub grid: Grid,
 }
 
 pub(crate) struct DualOutcome {
@@ -229,7 +232,7 @@ const FINE_LEAST_UNITS: f64 = 24.0;
 const FINE_MOST_UNITS: f64 = 4000.0;
 /// Fine-grid programme cells (window slots x work units, summed over jobs) above which an
 /// instance is priced on the coarse grid only.
-pub(crate) const FINE_MOST_CELLS: f64 = 2.5e7;
+pub(crate) const FINE_MOST_CELLS: f64 = 1e8;
 
 /// A job's work grid: hours per unit and the units that reach its work.
 fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
@@ -914,7 +917,7 @@ pub(crate) fn dual_bound(
     let n_sites = problem.inst.sites.len();
     let n_slots = problem.n_slots;
     let n_pools = problem.pools.len();
-    let mut pricer = Pricer::new(problem, include, Grid::Coarse, false);
+    let mut pricer = Pricer::new(problem, include, config.grid, false);
     let (mut mu, mut lambda) = match config.start {
         Some(start) => (start.gpu.clone(), start.kw.clone()),
         None => start_prices(problem, include, start, &pricer.grid_g_per_kw),

@@ -68,6 +68,9 @@ const LARGE_RUN_VARIABLES: usize = 50_000;
 const RESTRICTED_MILP_SHARE: f64 = 0.2;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
 const MASTER_START_SCALE: f64 = 0.05;
+/// A round of the Lagrangian ascent that lifts the bound by less than this share of the gap
+/// has stalled on its work grid.
+const STALL_SHARE: f64 = 0.02;
 
 /// Share of the time limit given to each RINS solve (the MILP over the runs on which the plan
 /// and the compact LP relaxation disagree), taken from the neighbourhood search.
@@ -513,6 +516,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 Err(err) => master_summary = format!(", master LP: {err}"),
             }
         }
+        // The rounds price on the coarse work grid until they stall (a round gains less than
+        // STALL_SHARE of the gap, or its step has shrunk away), then on the fine grid where it
+        // fits: its bound is a few per cent tighter than the coarse grid's at the same prices,
+        // and a coarse round that stalls has little left to gain there.
+        let fine_fits = lagrange::fine_cells(&problem, &include) <= lagrange::FINE_MOST_CELLS;
+        let mut grid = lagrange::Grid::Coarse;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
@@ -531,11 +540,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     stop: &stop,
                     start: prices.as_ref(),
                     start_scale: scale,
+                    grid,
                 },
             );
             iterations += outcome.iterations;
             scale = outcome.scale;
             let Some(bound) = outcome.bound_g else { break };
+            let previous = dual_bound;
             let improved_bound = dual_bound.is_none_or(|b| bound > b);
             if improved_bound {
                 dual_bound = Some(bound);
@@ -546,15 +557,21 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
             progress.report(|| {
                 format!(
-                    "Lagrangian bound: {iterations} subgradient iteration(s), bound {}, plan {:.3} kg",
+                    "Lagrangian bound ({} grid): {iterations} subgradient iteration(s), bound {}, plan {:.3} kg",
+                    if grid == lagrange::Grid::Fine { "fine" } else { "coarse" },
                     bound_kg(dual_bound),
                     kg(&chosen)
                 )
             });
-            if current - bound <= options.mip_rel_gap * current.abs()
-                || stop()
-                || scale < lagrange::MIN_STEP_SCALE
-            {
+            if current - bound <= options.mip_rel_gap * current.abs() || stop() {
+                break;
+            }
+            let stalled = scale < lagrange::MIN_STEP_SCALE
+                || previous.is_some_and(|b| bound - b < STALL_SHARE * (current - bound));
+            if stalled && grid == lagrange::Grid::Coarse && fine_fits {
+                grid = lagrange::Grid::Fine;
+                scale = scale.max(MASTER_START_SCALE);
+            } else if scale < lagrange::MIN_STEP_SCALE {
                 break;
             }
             if !improved_bound && constructions > 0 {
