@@ -430,6 +430,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let skip_now: Vec<bool> = include.iter().map(|i| !i).collect();
         let mut prices: Option<heuristic::Prices> = None;
         let (mut iterations, mut constructions) = (0, 0);
+        let mut fine_iterations = 0;
         let mut scale = 1.0;
         let mut master_summary = String::new();
         let mut master_converged = false;
@@ -544,6 +545,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 },
             );
             iterations += outcome.iterations;
+            if grid == lagrange::Grid::Fine {
+                fine_iterations += outcome.iterations;
+            }
             scale = outcome.scale;
             let Some(bound) = outcome.bound_g else { break };
             let previous = dual_bound;
@@ -609,7 +613,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             method.clone()
         };
         let subgradient = if iterations > 0 {
-            format!(", Lagrangian bound ({iterations} subgradient iterations)")
+            let fine = if fine_iterations > 0 {
+                format!(", {fine_iterations} on the fine grid")
+            } else {
+                String::new()
+            };
+            format!(", Lagrangian bound ({iterations} subgradient iterations{fine})")
         } else {
             String::new()
         };

@@ -554,6 +554,35 @@ fn lagrangian_bound_is_below_the_exact_optimum() {
 }
 
 #[test]
+fn the_fine_grid_rounds_keep_a_true_bound() {
+    // Once a coarse round of the Lagrangian ascent stalls, the rounds price on the fine work
+    // grid; on this instance they do, and the bound must stay below the exact optimum.
+    let instance = random_instance(5, 12, 3, 12);
+    let optimum = solve(&instance, &exact());
+    assert_eq!(optimum.metrics.status, "optimal", "{:?}", optimum.metrics);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            time_limit_s: 3.0,
+            method: Method::Lagrangian,
+            ..exact()
+        },
+    );
+    let m = &solution.metrics;
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(m.method.contains("on the fine grid"), "{m:?}");
+    let exact_g = optimum.metrics.objective_g;
+    assert!(
+        m.lower_bound_g <= exact_g + 1e-6 * exact_g,
+        "bound {} above the optimum {exact_g}",
+        m.lower_bound_g
+    );
+    assert!(m.lower_bound_g > 0.5 * exact_g, "{m:?}");
+    assert!(m.objective_g >= exact_g - 1e-6 * exact_g, "{m:?}");
+}
+
+#[test]
 fn large_instances_plan_with_the_lagrangian_bound() {
     // Above 200 jobs `auto` takes the Lagrangian path: the plan validates, is no worse than the
     // heuristic's, carries a bound below it, and the same input gives the same plan.
