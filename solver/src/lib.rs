@@ -523,6 +523,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // and a coarse round that stalls has little left to gain there.
         let fine_fits = lagrange::fine_cells(&problem, &include) <= lagrange::FINE_MOST_CELLS;
         let mut grid = lagrange::Grid::Coarse;
+        // Whether the best prices so far were priced on the fine grid (then their bound is
+        // already the fine one).
+        let mut best_on_fine = false;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
@@ -554,6 +557,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             let improved_bound = dual_bound.is_none_or(|b| bound > b);
             if improved_bound {
                 dual_bound = Some(bound);
+                best_on_fine = grid == lagrange::Grid::Fine;
                 prices = Some(heuristic::Prices {
                     gpu: outcome.gpu_price,
                     kw: outcome.kw_price,
@@ -570,12 +574,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             if current - bound <= options.mip_rel_gap * current.abs() || stop() {
                 break;
             }
-            let stalled = scale < lagrange::MIN_STEP_SCALE
-                || previous.is_some_and(|b| bound - b < STALL_SHARE * (current - bound));
+            let step_gone = scale < lagrange::MIN_STEP_SCALE;
+            let stalled =
+                step_gone || previous.is_some_and(|b| bound - b < STALL_SHARE * (current - bound));
             if stalled && grid == lagrange::Grid::Coarse && fine_fits {
                 grid = lagrange::Grid::Fine;
                 scale = scale.max(MASTER_START_SCALE);
-            } else if scale < lagrange::MIN_STEP_SCALE {
+            } else if step_gone {
                 break;
             }
             if !improved_bound && constructions > 0 {
@@ -597,10 +602,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
             progress.report(|| format!("construction at the prices: plan {:.3} kg", kg(&chosen)));
         }
-        // The best prices once more on the fine work grid: a tighter bound for one pricing.
+        // Best prices from a coarse round once more on the fine work grid: a tighter bound for
+        // one pricing.
         if iterations > 0
+            && fine_fits
+            && !best_on_fine
             && let Some(best) = prices.as_ref()
-            && lagrange::fine_cells(&problem, &include) <= lagrange::FINE_MOST_CELLS
             && let Some(bound) = lagrange::fine_bound(&problem, &include, best)
             && dual_bound.is_none_or(|b| bound > b)
         {
