@@ -19,11 +19,12 @@
 //! The subgradient ascent prices on the work grid its caller names ([`DualConfig::grid`]): the
 //! coarse grid ([`Grid::Coarse`], 24 units per slot of fastest work) is cheap enough for many
 //! iterations on thousands of jobs; on the fine grid (60 units per slot), which the master LP
-//! and the rounds after the coarse ones stall use, the rounding gains a run at most 1/60 of a
-//! slot's work: on the coarse grid a capped run can count as a full one, which loosens the
-//! bound by a few per cent. Even 1/60 per run adds up over a long job's runs, so the final
-//! evaluation at the best prices ([`final_bound`]) prices once more on the finest refinement
-//! of the fine grid (up to 16 times finer) that fits a cell budget.
+//! uses, the rounding gains a run at most 1/60 of a slot's work: on the coarse grid a capped
+//! run can count as a full one, which loosens the bound by a few per cent. Even 1/60 per run
+//! adds up over a long job's runs, so the rounds after the coarse ones stall price on twice the
+//! fine grid where it fits, and the final evaluation at the best prices ([`final_bound`])
+//! prices once more on the finest refinement of the fine grid (up to 16 times finer) that fits
+//! a cell budget.
 //!
 //! [`Pricer`] also prices *really* (`round_up` false, work rounded down): its schedules then do
 //! their work, and a migratable job is priced with the site it last ran at as state, each move
@@ -226,7 +227,8 @@ pub(crate) enum Grid {
     /// it at most 1/60 of a slot's work.
     Fine,
     /// The fine grid refined `n` times (`n` x 60 units per slot, at most `n` x 4,000 units):
-    /// the final evaluation at the best prices ([`final_bound`]).
+    /// the rounds after the coarse ones stall (twice finer) and the final evaluation at the
+    /// best prices ([`final_bound`], up to 16 times finer).
     Finer(u32),
 }
 
@@ -235,9 +237,9 @@ const FINE_UNITS_PER_SLOT: f64 = 60.0;
 /// Fewest and most units of a job's fine grid.
 const FINE_LEAST_UNITS: f64 = 24.0;
 const FINE_MOST_UNITS: f64 = 4000.0;
-/// Programme cells (window slots x work units, summed over jobs) above which the subgradient
-/// rounds do not price on a grid (the fine one or finer): above it on the fine grid, an
-/// instance is priced on the coarse grid only.
+/// Programme cells (window slots x work units, summed over jobs) the subgradient rounds after
+/// the coarse ones stall may price: twice the fine grid where it fits, else the fine grid; an
+/// instance whose fine grid exceeds it is priced on the coarse grid only.
 pub(crate) const FINE_MOST_CELLS: f64 = 1e8;
 
 /// Refinements of the fine grid the final evaluation tries, finest first.
