@@ -613,8 +613,19 @@ pub(crate) mod tests {
         Instance::from_json(&value.to_string()).expect("a valid instance")
     }
 
-    #[test]
-    fn the_master_bound_is_below_the_exact_optimum_and_its_plans_are_real() {
+    /// A tiny seeded instance whose optimum the exact MILP proves, with the heuristic's plan.
+    pub(crate) struct ProvenOptimum {
+        pub seed: u64,
+        pub with_previous: bool,
+        pub instance: Instance,
+        pub start: Schedule,
+        pub optimum_g: f64,
+    }
+
+    /// `random_instance(seed, 6, 3, 10)` for each seed, once as it is and once with the
+    /// heuristic's plan as the previous plan (so change costs are priced), where the heuristic
+    /// places every job and the exact MILP proves the optimum.
+    pub(crate) fn proven_optima(seeds: std::ops::Range<u64>) -> Vec<ProvenOptimum> {
         let exact = milp::MilpConfig {
             time_limit_s: 30.0,
             mip_rel_gap: 1e-7,
@@ -623,12 +634,11 @@ pub(crate) mod tests {
             log: false,
         };
         let never = || false;
-        let mut compared = 0;
-        for seed in 0..12 {
+        let mut cases = Vec::new();
+        for seed in seeds {
             let mut instance = random_instance(seed, 6, 3, 10);
             for with_previous in [false, true] {
                 if with_previous {
-                    // The optimum as the previous plan: the change costs are priced too.
                     let problem = Problem::new(&instance);
                     let (start, _) = heuristic::construct(&problem, &[false; 6], false, &never);
                     let plan = problem.to_plan(&start, &[]);
@@ -647,39 +657,64 @@ pub(crate) mod tests {
                     continue;
                 };
                 let optimum_g = problem.evaluate(&best).objective_g;
-                let config = MasterConfig {
-                    max_rounds: 500,
-                    upper_g: problem.evaluate(&start).objective_g,
-                    rel_gap: 1e-9,
-                    stop: &never,
-                    log: false,
-                };
-                let outcome = solve(&problem, &include, &start, &config).expect("master");
-                let bound = outcome.bound_g.expect("every job can finish");
-                let tolerance = 1e-6 * optimum_g.max(1.0);
-                assert!(
-                    bound <= optimum_g + tolerance,
-                    "seed {seed} ({with_previous}): bound {bound} above the optimum {optimum_g}"
-                );
-                assert!(
-                    bound > 0.5 * optimum_g,
-                    "seed {seed}: bound {bound}, {optimum_g}"
-                );
-                let plan = outcome
-                    .restricted
-                    .solve(&problem, &start, 10.0, 1e-7, false)
-                    .expect("the restricted master runs")
-                    .expect("the start is a solution");
-                let objective = problem.evaluate(&plan).objective_g;
-                assert!(
-                    objective >= optimum_g - tolerance,
-                    "seed {seed}: {objective}"
-                );
-                assert!(objective <= problem.evaluate(&start).objective_g + tolerance);
-                let check = validate(&instance, &problem.to_plan(&plan, &[]));
-                assert!(check.valid, "seed {seed}: {:?}", check.violations);
-                compared += 1;
+                cases.push(ProvenOptimum {
+                    seed,
+                    with_previous,
+                    instance: instance.clone(),
+                    start,
+                    optimum_g,
+                });
             }
+        }
+        cases
+    }
+
+    #[test]
+    fn the_master_bound_is_below_the_exact_optimum_and_its_plans_are_real() {
+        let never = || false;
+        let mut compared = 0;
+        for case in proven_optima(0..12) {
+            let ProvenOptimum {
+                seed,
+                with_previous,
+                instance,
+                start,
+                optimum_g,
+            } = case;
+            let problem = Problem::new(&instance);
+            let include = vec![true; problem.jobs.len()];
+            let config = MasterConfig {
+                max_rounds: 500,
+                upper_g: problem.evaluate(&start).objective_g,
+                rel_gap: 1e-9,
+                stop: &never,
+                log: false,
+            };
+            let outcome = solve(&problem, &include, &start, &config).expect("master");
+            let bound = outcome.bound_g.expect("every job can finish");
+            let tolerance = 1e-6 * optimum_g.max(1.0);
+            assert!(
+                bound <= optimum_g + tolerance,
+                "seed {seed} ({with_previous}): bound {bound} above the optimum {optimum_g}"
+            );
+            assert!(
+                bound > 0.5 * optimum_g,
+                "seed {seed}: bound {bound}, {optimum_g}"
+            );
+            let plan = outcome
+                .restricted
+                .solve(&problem, &start, 10.0, 1e-7, false)
+                .expect("the restricted master runs")
+                .expect("the start is a solution");
+            let objective = problem.evaluate(&plan).objective_g;
+            assert!(
+                objective >= optimum_g - tolerance,
+                "seed {seed}: {objective}"
+            );
+            assert!(objective <= problem.evaluate(&start).objective_g + tolerance);
+            let check = validate(&instance, &problem.to_plan(&plan, &[]));
+            assert!(check.valid, "seed {seed}: {:?}", check.violations);
+            compared += 1;
         }
         assert!(compared >= 10, "only {compared} instances were compared");
     }
