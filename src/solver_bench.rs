@@ -93,10 +93,14 @@ pub const SIZES: [Size; 3] = [
 ];
 
 /// A stop signal that fires `limit_s` seconds from now: the wall-time limit the solver's own
-/// loops honour (HiGHS keeps its own).
+/// loops honour (HiGHS keeps its own). It tells the solver how much of the limit has passed, so
+/// the steps that follow a long phase fit inside it.
 pub fn stop_after(limit_s: f64) -> windfall_solver::Stop {
-    let deadline = Instant::now() + std::time::Duration::from_secs_f64(limit_s.max(0.0));
-    windfall_solver::Stop::new(move || Instant::now() >= deadline)
+    let start = Instant::now();
+    let limit_s = limit_s.max(0.0);
+    windfall_solver::Stop::budget(move |share| {
+        start.elapsed().as_secs_f64() >= limit_s * share.clamp(0.0, 1.0)
+    })
 }
 
 /// The solver's progress messages as `info` log lines (`windfall solve -v`, the planning
@@ -352,4 +356,18 @@ pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
         ));
     }
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_after_tells_how_much_of_its_limit_has_passed() {
+        let stop = stop_after(3600.0);
+        assert!(stop.at(0.0));
+        assert!(!stop.at(0.5));
+        assert!(!stop.now());
+        assert!(stop_after(0.0).now());
+    }
 }

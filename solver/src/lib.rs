@@ -66,6 +66,10 @@ const LARGE_RUN_VARIABLES: usize = 50_000;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
 const RESTRICTED_MILP_SHARE: f64 = 0.2;
+/// Share of the caller's budget (see [`Stop::budget`]) after which the Lagrangian rounds and
+/// their constructions end, so the final pricing of the bound (about 5 % of the time limit:
+/// `lagrange::FINAL_CELLS_PER_LIMIT_S`) ends within the limit.
+const ROUNDS_SHARE: f64 = 0.93;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
 const MASTER_START_SCALE: f64 = 0.05;
 /// A round of the Lagrangian ascent that lifts the bound by less than this share of the gap
@@ -127,7 +131,9 @@ pub struct SolveOptions {
     pub max_master_rounds: usize,
     /// Asked between steps of the solver's own loops (heuristic rounds, dual iterations,
     /// neighbourhoods); when it answers `true` the solver finishes with what it has. The solver
-    /// reads no clock: a caller that wants a wall-time limit passes one that does.
+    /// reads no clock: a caller that wants a wall-time limit passes one that does, best made
+    /// with [`Stop::budget`] so that long phases can leave the end of the limit to the steps
+    /// after them.
     pub stop: Stop,
     /// Told what each finished step reached (its plan and bound, kg), for a caller that shows
     /// progress on long solves; the default tells no one.
@@ -135,18 +141,37 @@ pub struct SolveOptions {
 }
 
 /// A caller's stop signal (see [`SolveOptions::stop`]); the default never stops.
+///
+/// A signal made with [`Stop::budget`] also tells how much of the caller's budget has passed,
+/// so the solver can end a long phase early and keep the rest for the steps that must follow
+/// it (the final pricing of the bound); one made with [`Stop::new`] only says "stop now".
 #[derive(Clone, Default)]
-pub struct Stop(Option<std::sync::Arc<dyn Fn() -> bool + Send + Sync>>);
+pub struct Stop(Option<std::sync::Arc<StopFn>>);
+
+/// What a [`Stop`] asks: whether the given share of the caller's budget has passed.
+type StopFn = dyn Fn(f64) -> bool + Send + Sync;
 
 impl Stop {
-    /// A signal that asks `f`.
+    /// A signal that asks `f` whether to stop now.
     pub fn new(f: impl Fn() -> bool + Send + Sync + 'static) -> Stop {
+        Stop(Some(std::sync::Arc::new(move |_| f())))
+    }
+
+    /// A signal over a budget: `f(share)` answers whether `share` of it (0 to 1) has passed;
+    /// the solver stops once `f(1.0)` answers `true`.
+    pub fn budget(f: impl Fn(f64) -> bool + Send + Sync + 'static) -> Stop {
         Stop(Some(std::sync::Arc::new(f)))
     }
 
     /// Whether the caller wants the solver to stop now.
     pub fn now(&self) -> bool {
-        self.0.as_ref().is_some_and(|f| f())
+        self.at(1.0)
+    }
+
+    /// Whether `share` of the caller's budget has passed; for a signal made with
+    /// [`Stop::new`], whether it wants the solver to stop now.
+    pub fn at(&self, share: f64) -> bool {
+        self.0.as_ref().is_some_and(|f| f(share))
     }
 }
 
@@ -528,10 +553,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             .into_iter()
             .find(|&g| lagrange::grid_cells(&problem, &include, g) <= lagrange::FINE_MOST_CELLS);
         let mut grid = lagrange::Grid::Coarse;
+        // The rounds leave the end of the caller's budget to the final pricing below.
+        let rounds_stop = || options.stop.at(ROUNDS_SHARE);
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
-            && !(iterations > 0 && stop())
+            && !(iterations > 0 && rounds_stop())
         {
             let current = problem.evaluate(&chosen).objective_g;
             let outcome = lagrange::dual_bound(
@@ -543,7 +570,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         .min(options.max_dual_iterations - iterations),
                     upper_g: current,
                     rel_gap: options.mip_rel_gap,
-                    stop: &stop,
+                    stop: &rounds_stop,
                     start: prices.as_ref(),
                     start_scale: scale,
                     grid,
@@ -572,7 +599,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kg(&chosen)
                 )
             });
-            if current - bound <= options.mip_rel_gap * current.abs() || stop() {
+            if current - bound <= options.mip_rel_gap * current.abs() || rounds_stop() {
                 break;
             }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
@@ -595,7 +622,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 &skip_now,
                 prices.as_ref().expect("set with the bound"),
                 &outcome.relaxed,
-                &stop,
+                &rounds_stop,
             );
             if failed.is_empty()
                 && problem.evaluate(&priced).objective_g < current

@@ -508,6 +508,39 @@ fn a_stop_signal_ends_column_generation_with_a_valid_plan() {
 }
 
 #[test]
+fn the_lagrangian_rounds_end_at_their_share_of_a_budget_and_the_steps_after_them_run() {
+    // A budget of which every share short of the whole has passed: the rounds stop after their
+    // first iteration, the final pricing and the local search still run, and the plan validates
+    // under a true bound. Without a stop signal the rounds go on.
+    let instance = random_instance(21, 30, 4, 24);
+    let run = |stop: windfall_solver::Stop| {
+        solve(
+            &instance,
+            &SolveOptions {
+                time_limit_s: 4.0,
+                method: Method::Lagrangian,
+                stop,
+                ..SolveOptions::default()
+            },
+        )
+    };
+    let early = run(windfall_solver::Stop::budget(|share| share < 1.0));
+    let m = &early.metrics;
+    assert!(m.method.contains("(1 subgradient iterations"), "{m:?}");
+    let check = validate(&instance, &early.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(m.infeasible_jobs.is_empty(), "{m:?}");
+    assert!(m.lower_bound_g > 0.0, "{m:?}");
+    assert!(m.lower_bound_g <= m.objective_g + 1e-6, "{m:?}");
+    let free = run(windfall_solver::Stop::default());
+    assert!(
+        !free.metrics.method.contains("(1 subgradient iterations"),
+        "{:?}",
+        free.metrics
+    );
+}
+
+#[test]
 fn lagrangian_bound_is_below_the_exact_optimum() {
     // The subgradient bound against optima the exact MILP proves (random instances with
     // migrations, power levels, surplus and grid limits; then the same instances with the
