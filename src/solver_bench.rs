@@ -98,8 +98,13 @@ pub const SIZES: [Size; 3] = [
 pub fn stop_after(limit_s: f64) -> windfall_solver::Stop {
     let start = Instant::now();
     let limit_s = limit_s.max(0.0);
-    windfall_solver::Stop::budget(move |share| {
-        start.elapsed().as_secs_f64() >= limit_s * share.clamp(0.0, 1.0)
+    windfall_solver::Stop::budget(move || {
+        let elapsed_s = start.elapsed().as_secs_f64();
+        if limit_s > 0.0 {
+            elapsed_s / limit_s
+        } else {
+            f64::INFINITY
+        }
     })
 }
 
@@ -368,6 +373,7 @@ mod tests {
         assert!(stop.at(0.0));
         assert!(!stop.at(0.5));
         assert!(!stop.now());
+        assert!(stop.passed().is_some_and(|p| (0.0..0.01).contains(&p)));
         assert!(stop_after(0.0).now());
     }
 }

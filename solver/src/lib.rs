@@ -82,6 +82,12 @@ const RINS_SHARE: f64 = 0.3;
 /// Most RINS solves; another follows only when the last one improved the plan.
 const RINS_ROUNDS: usize = 3;
 
+/// Least time a caller's budget must have left after the other steps for the exact MILP over
+/// the served jobs to run in it, seconds (below it HiGHS would not finish its root).
+const LEFTOVER_MILP_MIN_S: f64 = 2.0;
+/// Share of that time given to HiGHS; the rest covers building the model and what follows.
+const LEFTOVER_MILP_SHARE: f64 = 0.9;
+
 /// Least time given to the LP relaxation that bounds a plan when the MILP gave no bound, seconds.
 const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 
@@ -91,7 +97,9 @@ pub enum Method {
     /// The heuristic, then the exact MILP started from it on up to 12 jobs, column generation
     /// and rounds of the Lagrangian bound with constructions at its prices up to 200 jobs and
     /// 50,000 run variables (job x slot x pool x power level in the windows), the Lagrangian
-    /// rounds alone above; local search, RINS and neighbourhood search use what time is left.
+    /// rounds alone above; local search, RINS and neighbourhood search use what time is left,
+    /// and up to 200 jobs the exact MILP over the served jobs what a [`Stop::budget`] still
+    /// has after them (for its bound).
     #[default]
     Auto,
     /// The constructive heuristic alone.
@@ -144,23 +152,27 @@ pub struct SolveOptions {
 ///
 /// A signal made with [`Stop::budget`] also tells how much of the caller's budget has passed,
 /// so the solver can end a long phase early and keep the rest for the steps that must follow
-/// it (the final pricing of the bound); one made with [`Stop::new`] only says "stop now".
+/// it (the final pricing of the bound), and can give the time its steps leave to an exact
+/// MILP; one made with [`Stop::new`] only says "stop now".
 #[derive(Clone, Default)]
-pub struct Stop(Option<std::sync::Arc<StopFn>>);
+pub struct Stop(Option<StopKind>);
 
-/// What a [`Stop`] asks: whether the given share of the caller's budget has passed.
-type StopFn = dyn Fn(f64) -> bool + Send + Sync;
+#[derive(Clone)]
+enum StopKind {
+    Now(std::sync::Arc<dyn Fn() -> bool + Send + Sync>),
+    Budget(std::sync::Arc<dyn Fn() -> f64 + Send + Sync>),
+}
 
 impl Stop {
     /// A signal that asks `f` whether to stop now.
     pub fn new(f: impl Fn() -> bool + Send + Sync + 'static) -> Stop {
-        Stop(Some(std::sync::Arc::new(move |_| f())))
+        Stop(Some(StopKind::Now(std::sync::Arc::new(f))))
     }
 
-    /// A signal over a budget: `f(share)` answers whether `share` of it (0 to 1) has passed;
-    /// the solver stops once `f(1.0)` answers `true`.
-    pub fn budget(f: impl Fn(f64) -> bool + Send + Sync + 'static) -> Stop {
-        Stop(Some(std::sync::Arc::new(f)))
+    /// A signal over a budget: `f()` answers the share of it that has passed (0 at the start,
+    /// 1 or more once it is spent); the solver stops at 1.
+    pub fn budget(f: impl Fn() -> f64 + Send + Sync + 'static) -> Stop {
+        Stop(Some(StopKind::Budget(std::sync::Arc::new(f))))
     }
 
     /// Whether the caller wants the solver to stop now.
@@ -171,7 +183,19 @@ impl Stop {
     /// Whether `share` of the caller's budget has passed; for a signal made with
     /// [`Stop::new`], whether it wants the solver to stop now.
     pub fn at(&self, share: f64) -> bool {
-        self.0.as_ref().is_some_and(|f| f(share))
+        match &self.0 {
+            None => false,
+            Some(StopKind::Now(f)) => f(),
+            Some(StopKind::Budget(f)) => f() >= share,
+        }
+    }
+
+    /// The share of the budget that has passed, for a signal made with [`Stop::budget`].
+    pub fn passed(&self) -> Option<f64> {
+        match &self.0 {
+            Some(StopKind::Budget(f)) => Some(f()),
+            _ => None,
+        }
     }
 }
 
@@ -684,6 +708,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     }
     // The compact LP relaxation, once solved for RINS.
     let mut compact: Option<CompactLp> = None;
+    // The exact MILP's bound over the jobs it covered, when it ran in the time left.
+    let mut leftover_bound: Option<(f64, Vec<bool>)> = None;
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         let local = improve::improve(&problem, &chosen, gpu_prices.as_deref(), &stop);
         if local.gain_g > 0.0
@@ -766,6 +792,46 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         if budget_s > 0.0 {
             progress.report(|| format!("neighbourhood search: {:.3} kg", kg(&chosen)));
         }
+        // The time the steps above left of a caller's budget (many medium solves end well
+        // inside their limit) goes to the exact MILP over the served jobs, started from the
+        // plan: HiGHS's cuts and branching give a bound that sees integrality, which the master
+        // LP cannot, and sometimes a better plan.
+        let left_s = options
+            .stop
+            .passed()
+            .map_or(0.0, |p| (1.0 - p) * options.time_limit_s);
+        if !large && options.bound && left_s >= LEFTOVER_MILP_MIN_S {
+            let served_now: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+            let config = milp::MilpConfig {
+                time_limit_s: left_s * LEFTOVER_MILP_SHARE,
+                mip_rel_gap: options.mip_rel_gap,
+                relax: false,
+                soft_work: false,
+                log: options.log,
+            };
+            if let Ok(outcome) = milp::solve(&problem, &served_now, Some(&chosen), None, &config) {
+                if let Some(schedule) = outcome.schedule.filter(|s| {
+                    outcome.unserved.is_empty()
+                        && problem.evaluate(s).objective_g
+                            < problem.evaluate(&chosen).objective_g * (1.0 - 1e-9)
+                        && validate(instance, &problem.to_plan(s, &named(&unserved))).valid
+                }) {
+                    chosen = schedule;
+                    method = format!("{method}, then a better plan from the exact MILP");
+                }
+                if let Some(bound) = outcome.lower_bound_g {
+                    method = format!("{method}, bound sharpened by the exact MILP's cuts");
+                    leftover_bound = Some((bound, served_now));
+                }
+            }
+            progress.report(|| {
+                format!(
+                    "exact MILP in the time left: {:.3} kg, bound {}",
+                    kg(&chosen),
+                    bound_kg(leftover_bound.as_ref().map(|(b, _)| *b))
+                )
+            });
+        }
     }
     infeasible.extend(named(&unserved));
     infeasible.sort_by(|a, b| a.job.cmp(&b.job));
@@ -785,6 +851,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
     {
         lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
+    }
+    if let Some((bound, over)) = &leftover_bound
+        && *over == served
+    {
+        lower_bound_g = Some(lower_bound_g.map_or(*bound, |b: f64| b.max(*bound)));
     }
     if let Some(bound) = dual_bound
         && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
@@ -811,6 +882,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         0.0
     };
+    // A bound within the tolerance proves the plan optimal, whichever step gave it.
+    let proven_optimal = proven_optimal || (lower_bound_g > 0.0 && gap <= options.mip_rel_gap);
     progress.report(|| {
         format!(
             "done: {:.3} kg, bound {:.3} kg, gap {:.3} %",
