@@ -810,6 +810,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 log: options.log,
             };
             if let Ok(outcome) = milp::solve(&problem, &served_now, Some(&chosen), None, &config) {
+                method = format!("{method}, then the exact MILP in the time left");
                 if let Some(schedule) = outcome.schedule.filter(|s| {
                     outcome.unserved.is_empty()
                         && problem.evaluate(s).objective_g
@@ -817,12 +818,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         && validate(instance, &problem.to_plan(s, &named(&unserved))).valid
                 }) {
                     chosen = schedule;
-                    method = format!("{method}, then a better plan from the exact MILP");
+                    method = format!("{method} (a better plan)");
                 }
-                if let Some(bound) = outcome.lower_bound_g {
-                    method = format!("{method}, bound sharpened by the exact MILP's cuts");
-                    leftover_bound = Some((bound, served_now));
-                }
+                leftover_bound = outcome.lower_bound_g.map(|bound| (bound, served_now));
             }
             progress.report(|| {
                 format!(
