@@ -836,30 +836,24 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
     let evaluation = problem.evaluate(&chosen);
 
-    // Lower bound over plans serving the same jobs: the MILP's dual bound when it covered exactly
-    // those jobs, and the LP relaxation over them (below).
+    // Lower bound over plans serving the same jobs: the best of the bounds that cover exactly
+    // those jobs, then the LP relaxation over them (below). The MILP's covers every included
+    // job; column generation's and the Lagrangian's the jobs the heuristic served, which the
+    // later steps keep served; the exact MILP in the time left the jobs it was given.
     let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
-    let mut lower_bound_g = match (milp_bound, all_included_served) {
-        (Some(bound), true) => Some(bound),
-        _ => None,
-    };
-    // The column-generation bound covers exactly the jobs the heuristic served, which the
-    // neighbourhood search keeps served.
-    if let Some(bound) = colgen_bound
-        && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
-    {
-        lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
-    }
-    if let Some((bound, over)) = &leftover_bound
-        && *over == served
-    {
-        lower_bound_g = Some(lower_bound_g.map_or(*bound, |b: f64| b.max(*bound)));
-    }
-    if let Some(bound) = dual_bound
-        && (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some())
-    {
-        lower_bound_g = Some(lower_bound_g.map_or(bound, |b: f64| b.max(bound)));
-    }
+    let as_heuristic_served =
+        (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some());
+    let mut lower_bound_g = [
+        milp_bound.filter(|_| all_included_served),
+        colgen_bound.filter(|_| as_heuristic_served),
+        leftover_bound
+            .filter(|(_, over)| *over == served)
+            .map(|(bound, _)| bound),
+        dual_bound.filter(|_| as_heuristic_served),
+    ]
+    .into_iter()
+    .flatten()
+    .reduce(f64::max);
     // Unless the MILP proved its plan optimal, the LP relaxation over the served jobs is solved
     // too: a MILP stopped early may not have finished its root, and the better bound is kept.
     // Large instances rely on the Lagrangian bound: the compact LP would not fit their budget.
