@@ -283,13 +283,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         }
     }
 
+    // The jobs a plan leaves out: those no plan can serve, then the given ones. Every
+    // candidate plan lists both, or the validator rightly rejects it for the former.
+    let alone_infeasible = infeasible;
     let named = |jobs: &[(usize, String)]| -> Vec<Infeasible> {
-        jobs.iter()
-            .map(|(j, reason)| Infeasible {
-                job: instance.jobs[*j].id.clone(),
-                reason: reason.clone(),
-            })
-            .collect()
+        let mut named = alone_infeasible.clone();
+        named.extend(jobs.iter().map(|(j, reason)| Infeasible {
+            job: instance.jobs[*j].id.clone(),
+            reason: reason.clone(),
+        }));
+        named
     };
     let stop = || options.stop.now();
     let large = options.method == Method::Lagrangian
@@ -831,7 +834,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             });
         }
     }
-    infeasible.extend(named(&unserved));
+    let mut infeasible = named(&unserved);
     infeasible.sort_by(|a, b| a.job.cmp(&b.job));
     let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
     let evaluation = problem.evaluate(&chosen);
