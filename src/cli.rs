@@ -283,9 +283,14 @@ pub enum BenchCommand {
     /// with the direct MILP; print emissions, bound, gap, wall time and peak memory. Each size
     /// runs in a child process.
     Solver {
-        /// Sizes to run, comma-separated.
+        /// Sizes to run, comma-separated: S (5 s limit), M (30 s; direct MILP 120 s), L (300 s;
+        /// no direct MILP), or JOBSxSITESxSLOTS such as 30x4x24 (slots a multiple of 24; 30 s
+        /// for windfall and for the direct MILP).
         #[arg(long, value_delimiter = ',', default_value = "S,M")]
         sizes: Vec<String>,
+        /// Replace each size's time limit, seconds (windfall's and the direct MILP's).
+        #[arg(long)]
+        time_limit: Option<f64>,
         /// The public data folder.
         #[arg(long, default_value = "../shared/data")]
         data: PathBuf,
@@ -984,6 +989,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
         }
         Command::Bench(BenchCommand::Solver {
             sizes,
+            time_limit,
             data,
             save_instances,
             no_direct,
@@ -993,16 +999,14 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 data,
                 save_instances,
                 direct: !no_direct,
+                time_limit_s: time_limit,
             };
             if child {
                 let [name] = sizes.as_slice() else {
                     anyhow::bail!("--child runs exactly one size");
                 };
-                let size = crate::solver_bench::SIZES
-                    .iter()
-                    .find(|s| s.name.eq_ignore_ascii_case(name))
-                    .with_context(|| format!("unknown size `{name}`: choose S, M or L"))?;
-                let result = crate::solver_bench::run_size(size, &run)?;
+                let size = crate::solver_bench::Size::parse(name, time_limit)?;
+                let result = crate::solver_bench::run_size(&size, &run)?;
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 print!("{}", crate::solver_bench::run(&sizes, &run)?);

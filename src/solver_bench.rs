@@ -40,7 +40,7 @@ const ZONES: [&str; 16] = [
 /// One benchmark size.
 #[derive(Clone, Copy, Debug)]
 pub struct Size {
-    /// Name: S, M or L.
+    /// Name: S, M, L, or the shape of a custom size (`30x4x24`).
     pub name: &'static str,
     /// Jobs.
     pub jobs: usize,
@@ -92,6 +92,65 @@ pub const SIZES: [Size; 3] = [
     },
 ];
 
+/// Limits of a custom size (`JOBSxSITESxSLOTS`) unless `--time-limit` replaces them.
+const CUSTOM_LIMIT_S: f64 = 30.0;
+
+impl Size {
+    /// The size a `--sizes` entry names: S, M or L, or `JOBSxSITESxSLOTS` (slots a whole number
+    /// of days, hourly), which runs windfall for 30 s and the direct MILP for as long.
+    /// `limit_s` replaces windfall's limit and, where the size runs it, the direct MILP's.
+    pub fn parse(name: &str, limit_s: Option<f64>) -> Result<Size> {
+        let mut size = match SIZES.iter().find(|s| s.name.eq_ignore_ascii_case(name)) {
+            Some(size) => *size,
+            None => {
+                let parts: Vec<&str> = name.split(['x', 'X']).collect();
+                let numbers: Option<Vec<usize>> =
+                    parts.iter().map(|p| p.trim().parse().ok()).collect();
+                let Some([jobs, sites, slots]) = numbers
+                    .as_deref()
+                    .and_then(|n| <[usize; 3]>::try_from(n).ok())
+                else {
+                    bail!(
+                        "unknown size `{name}`: choose S, M or L, or give JOBSxSITESxSLOTS (e.g. 30x4x24)"
+                    );
+                };
+                if jobs == 0 || sites == 0 || slots == 0 || slots % 24 != 0 {
+                    bail!(
+                        "size `{name}`: jobs, sites and slots must be positive and slots a whole number of days (a multiple of 24)"
+                    );
+                }
+                Size {
+                    name: "custom",
+                    jobs,
+                    sites,
+                    slots,
+                    limit_s: CUSTOM_LIMIT_S,
+                    direct_limit_s: Some(CUSTOM_LIMIT_S),
+                    colgen_rounds: 400,
+                    dual_iterations: 5000,
+                }
+            }
+        };
+        if let Some(limit_s) = limit_s {
+            if !(limit_s.is_finite() && limit_s > 0.0) {
+                bail!("--time-limit must be a positive number of seconds, not {limit_s}");
+            }
+            size.limit_s = limit_s;
+            size.direct_limit_s = size.direct_limit_s.map(|_| limit_s);
+        }
+        Ok(size)
+    }
+
+    /// The size's label: its name, or its shape for a custom size.
+    pub fn label(&self) -> String {
+        if self.name == "custom" {
+            format!("{}x{}x{}", self.jobs, self.sites, self.slots)
+        } else {
+            self.name.to_string()
+        }
+    }
+}
+
 /// A stop signal that fires `limit_s` seconds from now: the wall-time limit the solver's own
 /// loops honour (HiGHS keeps its own). It tells the solver how much of the limit has passed, so
 /// the steps that follow a long phase fit inside it.
@@ -126,6 +185,8 @@ pub struct RunOptions {
     pub save_instances: Option<PathBuf>,
     /// Whether to run the direct MILP on the sizes that have a limit for it.
     pub direct: bool,
+    /// Replaces each size's time limit (windfall's and the direct MILP's), seconds.
+    pub time_limit_s: Option<f64>,
 }
 
 /// One solve's figures.
@@ -210,7 +271,7 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
     let dir = TempDir(std::env::temp_dir().join(format!(
         "windfall-bench-solver-{}-{}",
         std::process::id(),
-        size.name
+        size.label()
     )));
     let zones: Vec<String> = (0..size.sites)
         .map(|i| ZONES[i % ZONES.len()].to_string())
@@ -236,7 +297,7 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
     if let Some(folder) = &run.save_instances {
         std::fs::create_dir_all(folder)
             .with_context(|| format!("creating {}", folder.display()))?;
-        let path = folder.join(format!("bench-{}.json", size.name));
+        let path = folder.join(format!("bench-{}.json", size.label()));
         std::fs::write(&path, serde_json::to_string(&instance)?)
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("  instance written to {}", path.display());
@@ -276,7 +337,7 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
         )
     });
     Ok(SizeResult {
-        size: size.name.to_string(),
+        size: size.label(),
         shape: format!("{} x {} x {}", size.jobs, size.sites, size.slots),
         build_s,
         windfall,
@@ -288,14 +349,16 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
 /// Runs the named sizes, each in a child process, and returns a Markdown table.
 pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
     let exe: PathBuf = std::env::current_exe().context("locating the windfall binary")?;
+    // Every name is checked before the first size runs.
+    let parsed = sizes
+        .iter()
+        .map(|name| Size::parse(name, run.time_limit_s))
+        .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
-    for name in sizes {
-        let Some(size) = SIZES.iter().find(|s| s.name.eq_ignore_ascii_case(name)) else {
-            bail!("unknown size `{name}`: choose S, M or L");
-        };
+    for size in &parsed {
+        let label = size.label();
         eprintln!(
-            "size {}: {} jobs x {} sites x {} slots, windfall limit {} s and {} column-generation rounds{}...",
-            size.name,
+            "size {label}: {} jobs x {} sites x {} slots, windfall limit {} s and {} column-generation rounds{}...",
             size.jobs,
             size.sites,
             size.slots,
@@ -306,8 +369,11 @@ pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
         );
         let mut child = Command::new(&exe);
         child
-            .args(["bench", "solver", "--child", "--sizes", size.name, "--data"])
+            .args(["bench", "solver", "--child", "--sizes", &label, "--data"])
             .arg(&run.data);
+        if let Some(limit_s) = run.time_limit_s {
+            child.arg("--time-limit").arg(limit_s.to_string());
+        }
         if let Some(folder) = &run.save_instances {
             child.arg("--save-instances").arg(folder);
         }
@@ -319,10 +385,10 @@ pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
             .output()
             .context("running the size in a child process")?;
         if !output.status.success() {
-            bail!("size {} failed (its error is above)", size.name);
+            bail!("size {label} failed (its error is above)");
         }
         let result: SizeResult = serde_json::from_slice(&output.stdout)
-            .with_context(|| format!("reading size {}'s result", size.name))?;
+            .with_context(|| format!("reading size {label}'s result"))?;
         if let Some(d) = &result.direct {
             eprintln!(
                 "  direct MILP {:.3} kg (bound {:.3}, gap {:.2} %) in {:.1} s",
@@ -375,5 +441,24 @@ mod tests {
         assert!(!stop.now());
         assert!(stop.passed().is_some_and(|p| (0.0..0.01).contains(&p)));
         assert!(stop_after(0.0).now());
+    }
+
+    #[test]
+    fn sizes_are_named_or_given_as_a_shape() {
+        let m = Size::parse("m", None).unwrap();
+        assert_eq!((m.label().as_str(), m.jobs, m.limit_s), ("M", 1000, 30.0));
+        let custom = Size::parse("30x4x24", Some(120.0)).unwrap();
+        assert_eq!(custom.label(), "30x4x24");
+        assert_eq!((custom.jobs, custom.sites, custom.slots), (30, 4, 24));
+        assert_eq!(
+            (custom.limit_s, custom.direct_limit_s),
+            (120.0, Some(120.0))
+        );
+        assert_eq!(Size::parse("L", Some(60.0)).unwrap().direct_limit_s, None);
+        for bad in ["XL", "30x4", "30x4x25", "0x4x24", "ax4x24"] {
+            let err = Size::parse(bad, None).unwrap_err().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+        assert!(Size::parse("S", Some(-1.0)).is_err());
     }
 }
