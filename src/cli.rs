@@ -630,7 +630,6 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
         } => {
             let parsed = read_instance(&instance)?;
             let options = SolveOptions {
-                time_limit_s: time_limit,
                 mip_rel_gap: gap,
                 method: if heuristic {
                     Method::Heuristic
@@ -645,9 +644,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 },
                 log: solver_log,
                 bound: true,
-                stop: crate::solver_bench::stop_after(time_limit),
-                progress: crate::solver_bench::progress_log(),
-                ..SolveOptions::default()
+                ..crate::solver_bench::timed_options(time_limit)
             };
             let started = Instant::now();
             let mut solution = solve(&parsed, &options);

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use chrono::{DateTime, Duration, DurationRound, Utc};
-use windfall_solver::{SolveOptions, solve};
+use windfall_solver::solve;
 
 use crate::db::Store;
 use crate::fleet::{self, Horizon};
@@ -144,13 +144,7 @@ pub async fn run_cycle(
         let started = Instant::now();
         // The limit holds for the solver's own loops too (the Lagrangian rounds of a large
         // fleet), not only for HiGHS.
-        let options = SolveOptions {
-            time_limit_s,
-            stop: crate::solver_bench::stop_after(time_limit_s),
-            progress: crate::solver_bench::progress_log(),
-            ..SolveOptions::default()
-        };
-        let solution = solve(&to_solve, &options);
+        let solution = solve(&to_solve, &crate::solver_bench::timed_options(time_limit_s));
         (solution, started.elapsed().as_secs_f64())
     })
     .await
