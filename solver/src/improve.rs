@@ -9,7 +9,8 @@
 //! job's old slots. Ruin and recreate then takes out the jobs running in a few consecutive
 //! slots and puts them back one by one, once paying the Lagrangian GPU prices on top of the
 //! exact grid cost (so a job leaves a scarce GPU-slot to others unless it gains more than the
-//! slot is worth) and once at exact cost.
+//! slot is worth) and once at exact cost. When the caller allows, randomised ruin and recreate
+//! (a large-neighbourhood search over seeded samples of related jobs) follows until its stop.
 //!
 //! A move is kept only when the objective of the whole plan falls. Every cost is exact (the
 //! residual state's marginal grid cost, migrations and the change penalty against the previous
@@ -26,6 +27,8 @@ const MOST_PASSES: usize = 50;
 /// Consecutive slots whose jobs one ruin-and-recreate move takes out, and most jobs it takes.
 const REBUILD_SLOTS: usize = 4;
 const REBUILD_JOBS: usize = 24;
+/// Most jobs one randomised ruin-and-recreate move takes out.
+const RUIN_JOBS: usize = 32;
 
 /// A plan under local search: the residual state, the runs and who holds each GPU-slot.
 struct State<'p> {
@@ -247,13 +250,15 @@ impl<'p> State<'p> {
 /// Runs passes of ejection moves over the planned jobs until a pass changes nothing, then rounds
 /// of ruin and recreate over windows of consecutive slots (the jobs running there, at most
 /// [`REBUILD_JOBS`] of them, put back in deadline order, once paying `congestion` per GPU-slot
-/// and once at exact cost) until a round changes nothing; `stop` ends either early. Jobs drawing
-/// the dirtiest power move first.
+/// and once at exact cost) until a round changes nothing, then up to `most_ruins` randomised
+/// ruin-and-recreate moves; `stop` ends any of them early. Jobs drawing the dirtiest power move
+/// first.
 pub(crate) fn improve<'p>(
     problem: &Problem,
     start: &Schedule,
     congestion: Option<&'p [Vec<f64>]>,
     stop: &dyn Fn() -> bool,
+    most_ruins: usize,
 ) -> Outcome {
     let mut state: State<'p> = State::new(problem, start);
     let mut moves = 0;
@@ -332,6 +337,82 @@ pub(crate) fn improve<'p>(
             break;
         }
     }
+    // Randomised ruin and recreate (large-neighbourhood search), at most `most_ruins` moves
+    // while `stop` allows: each takes out a sample of 4 to RUIN_JOBS related jobs, drawn in
+    // turn as the jobs at one site over 2-8 slots, one job and those sharing its site within a
+    // slot of its runs, and the jobs running anywhere over 6-24 slots; it puts them back in
+    // deadline or sampled order, first paying `congestion`, then at exact cost, and keeps the
+    // result only when the plan's objective falls. The draws are seeded by the move's number,
+    // so the search is deterministic for a given number of moves.
+    let served: Vec<usize> = (0..problem.jobs.len())
+        .filter(|&j| state.runs[j].is_some())
+        .collect();
+    let n_sites = problem.inst.sites.len();
+    if served.len() > 1 && problem.n_slots > 0 {
+        for ruin in 0..most_ruins {
+            if stop() {
+                break;
+            }
+            let draw = |k: u64| mix(ruin as u64, k, 0x5EED);
+            let mut jobs: Vec<usize> = match ruin % 3 {
+                0 => {
+                    let site = (draw(1) % n_sites as u64) as usize;
+                    let span = 2 + (draw(2) % 7) as usize;
+                    let first = (draw(3) % problem.n_slots as u64) as usize;
+                    let last = (first + span).min(problem.n_slots);
+                    (0..problem.pools.len())
+                        .filter(|&p| problem.pools[p].site == site)
+                        .flat_map(|p| state.holders[p][first..last].iter().flatten().copied())
+                        .collect()
+                }
+                1 => {
+                    let seed = served[(draw(1) % served.len() as u64) as usize];
+                    let runs = state.runs[seed].clone().unwrap_or_default();
+                    let mut related: Vec<usize> = vec![seed];
+                    for run in &runs {
+                        let site = problem.pools[run.pool].site;
+                        let lo = run.slot.saturating_sub(1);
+                        let hi = (run.slot + 2).min(problem.n_slots);
+                        for p in (0..problem.pools.len()).filter(|&p| problem.pools[p].site == site)
+                        {
+                            related.extend(state.holders[p][lo..hi].iter().flatten().copied());
+                        }
+                    }
+                    related
+                }
+                _ => {
+                    let span = 6 + (draw(2) % 19) as usize;
+                    let first = (draw(3) % problem.n_slots as u64) as usize;
+                    let last = (first + span).min(problem.n_slots);
+                    state
+                        .holders
+                        .iter()
+                        .flat_map(|per_slot| per_slot[first..last].iter().flatten().copied())
+                        .collect()
+                }
+            };
+            jobs.sort_unstable();
+            jobs.dedup();
+            if jobs.is_empty() {
+                continue;
+            }
+            jobs.sort_by_key(|&j| mix(j as u64, ruin as u64, 7));
+            let most = 4 + (draw(4) % (RUIN_JOBS as u64 - 3)) as usize;
+            jobs.truncate(most);
+            if draw(5) % 2 == 0 {
+                jobs.sort_by_key(|&j| {
+                    (problem.jobs[j].window.end, problem.jobs[j].window.start, j)
+                });
+            }
+            for prices in [congestion, None] {
+                if let Some(delta) = state.rebuild(problem, &jobs, prices) {
+                    moves += 1;
+                    gain_g -= delta;
+                    break;
+                }
+            }
+        }
+    }
     done(state, moves, gain_g)
 }
 
@@ -384,7 +465,16 @@ mod tests {
                 .map(|_| vec![5.0; problem.n_slots])
                 .collect();
             for prices in [None, Some(congestion.as_slice())] {
-                let outcome = improve(&problem, &start, prices, &never);
+                let outcome = improve(&problem, &start, prices, &never, 200);
+                // The randomised moves only follow the passes, so without them the search ends
+                // no lower; with them it is deterministic for a given number of moves.
+                let passes = improve(&problem, &start, prices, &never, 0);
+                assert!(
+                    problem.evaluate(&outcome.schedule).objective_g
+                        <= problem.evaluate(&passes.schedule).objective_g + 1e-6
+                );
+                let again = improve(&problem, &start, prices, &never, 200);
+                assert_eq!(again.schedule, outcome.schedule, "seed {seed}");
                 let before = problem.evaluate(&start).objective_g;
                 let after = problem.evaluate(&outcome.schedule).objective_g;
                 assert!(
