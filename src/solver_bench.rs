@@ -40,8 +40,8 @@ const ZONES: [&str; 16] = [
 /// One benchmark size.
 #[derive(Clone, Copy, Debug)]
 pub struct Size {
-    /// Name: S, M, L, or the shape of a custom size (`30x4x24`).
-    pub name: &'static str,
+    /// Name: S, M or L; `None` for a custom size, labelled by its shape (`30x4x24`).
+    pub name: Option<&'static str>,
     /// Jobs.
     pub jobs: usize,
     /// Sites.
@@ -57,7 +57,7 @@ pub struct Size {
 /// The sizes of the solver-at-scale targets.
 pub const SIZES: [Size; 3] = [
     Size {
-        name: "S",
+        name: Some("S"),
         jobs: 50,
         sites: 4,
         slots: 48,
@@ -65,7 +65,7 @@ pub const SIZES: [Size; 3] = [
         direct_limit_s: Some(5.0),
     },
     Size {
-        name: "M",
+        name: Some("M"),
         jobs: 1000,
         sites: 12,
         slots: 96,
@@ -73,7 +73,7 @@ pub const SIZES: [Size; 3] = [
         direct_limit_s: Some(120.0),
     },
     Size {
-        name: "L",
+        name: Some("L"),
         jobs: 10_000,
         sites: 50,
         slots: 192,
@@ -90,7 +90,10 @@ impl Size {
     /// of days, hourly), which runs windfall for 30 s and the direct MILP for as long.
     /// `limit_s` replaces windfall's limit and, where the size runs it, the direct MILP's.
     pub fn parse(name: &str, limit_s: Option<f64>) -> Result<Size> {
-        let mut size = match SIZES.iter().find(|s| s.name.eq_ignore_ascii_case(name)) {
+        let named = SIZES
+            .iter()
+            .find(|s| s.name.is_some_and(|n| n.eq_ignore_ascii_case(name)));
+        let mut size = match named {
             Some(size) => *size,
             None => {
                 let parts: Vec<&str> = name.split(['x', 'X']).collect();
@@ -110,7 +113,7 @@ impl Size {
                     );
                 }
                 Size {
-                    name: "custom",
+                    name: None,
                     jobs,
                     sites,
                     slots,
@@ -131,11 +134,10 @@ impl Size {
 
     /// The size's label: its name, or its shape for a custom size.
     pub fn label(&self) -> String {
-        if self.name == "custom" {
-            format!("{}x{}x{}", self.jobs, self.sites, self.slots)
-        } else {
-            self.name.to_string()
-        }
+        self.name.map_or_else(
+            || format!("{}x{}x{}", self.jobs, self.sites, self.slots),
+            str::to_string,
+        )
     }
 }
 

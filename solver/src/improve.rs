@@ -348,6 +348,10 @@ pub(crate) fn improve<'p>(
         .filter(|&j| state.runs[j].is_some())
         .collect();
     let n_sites = problem.inst.sites.len();
+    let mut site_pools: Vec<Vec<usize>> = vec![Vec::new(); n_sites];
+    for (p, pool) in problem.pools.iter().enumerate() {
+        site_pools[pool.site].push(p);
+    }
     if served.len() > 1 && problem.n_slots > 0 {
         for ruin in 0..most_ruins {
             if stop() {
@@ -360,21 +364,18 @@ pub(crate) fn improve<'p>(
                     let span = 2 + (draw(2) % 7) as usize;
                     let first = (draw(3) % problem.n_slots as u64) as usize;
                     let last = (first + span).min(problem.n_slots);
-                    (0..problem.pools.len())
-                        .filter(|&p| problem.pools[p].site == site)
-                        .flat_map(|p| state.holders[p][first..last].iter().flatten().copied())
+                    site_pools[site]
+                        .iter()
+                        .flat_map(|&p| state.holders[p][first..last].iter().flatten().copied())
                         .collect()
                 }
                 1 => {
                     let seed = served[(draw(1) % served.len() as u64) as usize];
-                    let runs = state.runs[seed].clone().unwrap_or_default();
                     let mut related: Vec<usize> = vec![seed];
-                    for run in &runs {
-                        let site = problem.pools[run.pool].site;
+                    for run in state.runs[seed].as_deref().unwrap_or(&[]) {
                         let lo = run.slot.saturating_sub(1);
                         let hi = (run.slot + 2).min(problem.n_slots);
-                        for p in (0..problem.pools.len()).filter(|&p| problem.pools[p].site == site)
-                        {
+                        for &p in &site_pools[problem.pools[run.pool].site] {
                             related.extend(state.holders[p][lo..hi].iter().flatten().copied());
                         }
                     }
