@@ -79,7 +79,7 @@ pub(crate) fn solve(
     fixed: Option<&Schedule>,
     config: &MilpConfig,
 ) -> Result<MilpOutcome, String> {
-    build_and_solve(problem, include, warm, fixed, None, config)
+    build_and_solve(problem, include, warm, fixed, None, None, config)
 }
 
 /// Relaxation-induced neighbourhood search (RINS): the MILP over the included jobs with every
@@ -100,18 +100,44 @@ pub(crate) fn solve_rins(
         Some(incumbent),
         Some(incumbent),
         Some(relaxed),
+        None,
+        config,
+    )
+}
+
+/// The MILP over the included jobs, each held at the site `site_of` names (any slot of its
+/// window, any pool and power level there), with every other job where `incumbent` has it;
+/// started from `incumbent`, so its answer is never worse. Each included job must be able to
+/// stay at its site: no migration in `incumbent`, and already there if it is anywhere.
+/// With the sites fixed, no location or migration variables are needed: the model is a
+/// re-timing and re-capping of each site's jobs, small enough to solve well.
+pub(crate) fn solve_at_sites(
+    problem: &Problem,
+    include: &[bool],
+    incumbent: &Schedule,
+    site_of: &[Option<usize>],
+    config: &MilpConfig,
+) -> Result<MilpOutcome, String> {
+    build_and_solve(
+        problem,
+        include,
+        Some(incumbent),
+        Some(incumbent),
+        None,
+        Some(site_of),
         config,
     )
 }
 
 /// [`solve`], with the run variables on which `agree` and `warm` agree fixed (see
-/// [`solve_rins`]).
+/// [`solve_rins`]) and each job with a site in `site_of` held there (see [`solve_at_sites`]).
 fn build_and_solve(
     problem: &Problem,
     include: &[bool],
     warm: Option<&Schedule>,
     fixed: Option<&Schedule>,
     agree: Option<&Relaxed>,
+    site_of: Option<&[Option<usize>]>,
     config: &MilpConfig,
 ) -> Result<MilpOutcome, String> {
     let n_sites = problem.inst.sites.len();
@@ -175,6 +201,9 @@ fn build_and_solve(
             && !view.migratable
         {
             pools.retain(|&p| problem.pools[p].site == current);
+        }
+        if let Some(site) = site_of.and_then(|s| s[job]) {
+            pools.retain(|&p| problem.pools[p].site == site);
         }
         let mut run_sites: Vec<usize> = pools.iter().map(|&p| problem.pools[p].site).collect();
         run_sites.sort_unstable();
