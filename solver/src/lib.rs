@@ -82,7 +82,7 @@ const LNS_SHARE: f64 = 0.5;
 /// Share of the time the Lagrangian rounds leave on large fleets under a budget that goes to
 /// the site MILPs (`sites`), before the local search, which gets the rest. Rationale: on a
 /// 166-job, 2-site fleet (the large path forced) the site MILPs took the plan from 31.8 to
-/// 30.6 kg; on M their gain is within the search's variance (docs/benchmarks.md).
+/// 31.1 kg; on M their gain is within the search's variance (docs/benchmarks.md).
 const SITE_SEARCH_SHARE: f64 = 0.4;
 /// Most randomised ruin-and-recreate moves (the budget ends them first on large fleets).
 const LNS_MOST_RUINS: usize = 1_000_000;
