@@ -883,11 +883,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // inside their limit) goes to the exact MILP over the served jobs, started from the
         // plan: HiGHS's cuts and branching give a bound that sees integrality, which the master
         // LP cannot, and sometimes a better plan.
-        let time_left_s = options
-            .stop
-            .passed()
-            .map_or(0.0, |p| (1.0 - p) * options.time_limit_s);
-        if !large && options.bound && time_left_s >= LEFTOVER_MILP_MIN_S {
+        let time_left_s = left_s();
+        if !large && options.bound && time_left_s.is_finite() && time_left_s >= LEFTOVER_MILP_MIN_S
+        {
             let served_now: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let config = milp::MilpConfig {
                 time_limit_s: time_left_s * LEFTOVER_MILP_SHARE,

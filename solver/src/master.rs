@@ -626,6 +626,16 @@ pub(crate) mod tests {
     /// heuristic's plan as the previous plan (so change costs are priced), where the heuristic
     /// places every job and the exact MILP proves the optimum.
     pub(crate) fn proven_optima(seeds: std::ops::Range<u64>) -> Vec<ProvenOptimum> {
+        proven_optima_of(seeds, 6, 3, 10)
+    }
+
+    /// [`proven_optima`] over `random_instance(seed, n_jobs, n_sites, n_slots)`.
+    pub(crate) fn proven_optima_of(
+        seeds: std::ops::Range<u64>,
+        n_jobs: usize,
+        n_sites: usize,
+        n_slots: usize,
+    ) -> Vec<ProvenOptimum> {
         let exact = milp::MilpConfig {
             time_limit_s: 30.0,
             mip_rel_gap: 1e-7,
@@ -636,11 +646,12 @@ pub(crate) mod tests {
         let never = || false;
         let mut cases = Vec::new();
         for seed in seeds {
-            let mut instance = random_instance(seed, 6, 3, 10);
+            let mut instance = random_instance(seed, n_jobs, n_sites, n_slots);
             for with_previous in [false, true] {
                 if with_previous {
                     let problem = Problem::new(&instance);
-                    let (start, _) = heuristic::construct(&problem, &[false; 6], false, &never);
+                    let skip = vec![false; n_jobs];
+                    let (start, _) = heuristic::construct(&problem, &skip, false, &never);
                     let plan = problem.to_plan(&start, &[]);
                     instance.previous_assignments = plan.assignments;
                 }
