@@ -381,6 +381,10 @@ struct Scratch {
     own_options: Vec<Vec<Option_>>,
     picked: Vec<Option<Option_>>,
     best_picked: Vec<Option<Option_>>,
+    /// Per window slot: cheapest cost per grid unit and most units (see [`price_floor`]).
+    rates: Vec<(f64, usize)>,
+    /// Alternatives by their floor: (floor, alternative).
+    order: Vec<(f64, usize)>,
 }
 
 impl Scratch {
@@ -400,6 +404,51 @@ const JOBS_PER_PRICING_THREAD: usize = 64;
 fn pricing_threads(n_jobs: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.min(n_jobs / JOBS_PER_PRICING_THREAD).max(1)
+}
+
+/// A floor under [`price_job`]'s value over the same options, grid and rounding, cheap next to
+/// it: each slot gives at most its largest option's units at its cheapest cost per unit, and
+/// the cheapest units are taken first until the work is reached (the relaxation of "at most one
+/// option per slot" to "any share of a slot's most units"). Infinite when even that cannot
+/// reach the work (the programme then has no answer either); minus infinity, which prunes
+/// nothing, when some option pays (a negative cost).
+fn price_floor(
+    options: &[Vec<Option_>],
+    window: std::ops::Range<usize>,
+    scale: f64,
+    unit_h: f64,
+    k: usize,
+    round_up: bool,
+    rates: &mut Vec<(f64, usize)>,
+) -> f64 {
+    rates.clear();
+    for t in window {
+        let (mut rate, mut most) = (f64::INFINITY, 0);
+        for opt in &options[t] {
+            if opt.cost_g < 0.0 {
+                return f64::NEG_INFINITY;
+            }
+            let units = Problem::grid_units(opt.work_h, unit_h, k, round_up);
+            if units > 0 {
+                rate = rate.min(opt.cost_g * scale / units as f64);
+                most = most.max(units);
+            }
+        }
+        if most > 0 {
+            rates.push((rate, most));
+        }
+    }
+    rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut need, mut floor) = (k, 0.0);
+    for &(rate, most) in rates.iter() {
+        if need == 0 {
+            break;
+        }
+        let take = most.min(need);
+        floor += rate * take as f64;
+        need -= take;
+    }
+    if need > 0 { f64::INFINITY } else { floor }
 }
 
 /// The cheapest way to finish `work_h` with at most one option per slot, on a work grid of
@@ -769,7 +818,34 @@ impl<'p, 'a> Pricer<'p, 'a> {
         } else {
             jp.groups.len().max(jp.own.len())
         };
+        // Alternatives (a job that may run at any one of its sites has one per site) are
+        // priced cheapest floor first, and one whose floor is no better than the best value so
+        // far is skipped: the same value for a fraction of the programmes. A job priced on its
+        // own keeps its order.
+        let mut order = std::mem::take(&mut scratch.order);
+        order.clear();
         for a in 0..alternatives {
+            let floor = if jp.own.is_empty() && view.work_hours > 1e-9 {
+                price_floor(
+                    &self.groups[jp.groups[a]].options,
+                    window.clone(),
+                    gpus,
+                    jp.unit_h,
+                    jp.units,
+                    round_up,
+                    &mut scratch.rates,
+                )
+            } else {
+                f64::NEG_INFINITY
+            };
+            order.push((floor, a));
+        }
+        order.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        for &(floor, a) in &order {
+            if floor == f64::INFINITY || best_value.is_some_and(|b| floor - 1e-9 * floor.abs() >= b)
+            {
+                break;
+            }
             let own = !jp.own.is_empty();
             if own {
                 for t in window.clone() {
@@ -809,6 +885,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 scratch.best_picked.clone_from(&scratch.picked);
             }
         }
+        scratch.order = order;
         let v = best_value?;
         let runs = window
             .zip(&scratch.best_picked)
@@ -1147,6 +1224,69 @@ mod tests {
             pricer.job_value_g.clone(),
             pricer.runs.clone(),
         )
+    }
+
+    /// Skipping the alternatives whose floor is no better than the best value so far changes
+    /// no job's value: each is the cheapest of all its alternatives' programmes priced one by
+    /// one. Every floor is at most its programme's value, and infinite exactly when the
+    /// programme has no answer.
+    #[test]
+    fn skipping_alternatives_by_their_floor_keeps_every_value() {
+        let mut alternatives = 0;
+        for seed in [3, 11] {
+            let instance = random_instance(seed, 120, 4, 24);
+            let problem = Problem::new(&instance);
+            let include = vec![true; problem.jobs.len()];
+            let skip = vec![false; problem.jobs.len()];
+            let (start, _) = crate::heuristic::construct(&problem, &skip, true, &|| false);
+            for round_up in [true, false] {
+                let mut pricer = Pricer::new(&problem, &include, Grid::Coarse, false);
+                let (mu, lambda) = start_prices(&problem, &include, &start, &pricer.grid_g_per_kw);
+                assert!(pricer.price(&mu, &lambda, round_up), "seed {seed}");
+                let (mut dp, mut rates) = (Dp::default(), Vec::new());
+                for jp in &pricer.jobs {
+                    let view = &problem.jobs[jp.job];
+                    if !jp.own.is_empty() || view.work_hours <= 1e-9 || jp.groups.len() < 2 {
+                        continue;
+                    }
+                    let gpus = f64::from(view.gpus);
+                    let mut picked = vec![None; view.window.len()];
+                    let mut best = f64::INFINITY;
+                    for &g in &jp.groups {
+                        let options = &pricer.groups[g].options;
+                        let (unit_h, k) = (jp.unit_h, jp.units);
+                        let window = view.window.clone();
+                        let value = price_job(
+                            options,
+                            window.clone(),
+                            gpus,
+                            unit_h,
+                            k,
+                            round_up,
+                            &mut dp,
+                            &mut picked,
+                        );
+                        let floor =
+                            price_floor(options, window, gpus, unit_h, k, round_up, &mut rates);
+                        match value {
+                            Some(v) => {
+                                assert!(floor <= v + 1e-9 * v.abs().max(1.0), "{floor} > {v}");
+                                best = best.min(v);
+                            }
+                            None => assert_eq!(floor, f64::INFINITY),
+                        }
+                        alternatives += 1;
+                    }
+                    let priced = pricer.job_value_g[jp.job];
+                    assert!(
+                        (priced - best).abs() <= 1e-9 * best.abs().max(1.0),
+                        "seed {seed}, job {}: {priced} against {best}",
+                        jp.job
+                    );
+                }
+            }
+        }
+        assert!(alternatives > 0, "no job had two alternatives");
     }
 
     #[test]
