@@ -245,11 +245,13 @@ pub(crate) const FINE_MOST_CELLS: f64 = 1e8;
 /// Refinements of the fine grid the final evaluation tries, finest first.
 const FINAL_REFINEMENTS: [u32; 5] = [16, 8, 4, 2, 1];
 /// Programme cells the final evaluation at the best prices may use per second of the caller's
-/// time limit: about 5 % of it at the rates measured on two cores (the benchmark's 1,000-job
-/// size priced about 7e7 cells in 1.7 s; its 10,000-job size, whose migratable jobs choose
-/// among 50 sites' options, about 4.9e8 cells in 28 s; cells estimated as the fine grid's
-/// times the refinement).
-pub(crate) const FINAL_CELLS_PER_LIMIT_S: f64 = 1.5e6;
+/// time limit: about 5 % of it at the rates measured on two cores with the pricing floor (cells
+/// estimated as the fine grid's times the refinement; the floor skips most sites of the jobs
+/// that may run at any one of them, so cells overstate the work): the benchmark's 1,000-job
+/// size prices 16 times finer in about 0.7 s, its 10,000-job size 16 times finer (about 2e9
+/// cells) in 13.6 s. Rationale: at 1.5e6 (the rate before the floor) L priced 4 times finer,
+/// 3,578.6 kg, against 3,591.6 kg now (docs/benchmarks.md).
+pub(crate) const FINAL_CELLS_PER_LIMIT_S: f64 = 3.5e6;
 
 /// A job's work grid: hours per unit and the units that reach its work.
 fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
