@@ -248,8 +248,7 @@ const FINAL_REFINEMENTS: [u32; 5] = [16, 8, 4, 2, 1];
 /// time limit: about 5 % of it at the rates measured on two cores with the pricing floor (cells
 /// estimated as the fine grid's times the refinement; the floor skips most sites of the jobs
 /// that may run at any one of them, so cells overstate the work): the benchmark's 1,000-job
-/// size prices 16 times finer in about 0.7 s, its 10,000-job size 16 times finer (about 2e9
-/// cells) in 13.6 s. Rationale: at 1.5e6 (the rate before the floor) L priced 4 times finer,
+/// size prices 16 times finer in about 0.7 s, its 10,000-job size 16 times finer in 13.6 s. Rationale: at 1.5e6 (the rate before the floor) L priced 4 times finer,
 /// 3,578.6 kg, against 3,591.6 kg now (docs/benchmarks.md).
 pub(crate) const FINAL_CELLS_PER_LIMIT_S: f64 = 3.5e6;
 
@@ -823,11 +822,13 @@ impl<'p, 'a> Pricer<'p, 'a> {
         // Alternatives (a job that may run at any one of its sites has one per site) are
         // priced cheapest floor first, and one whose floor is no better than the best value so
         // far is skipped: the same value for a fraction of the programmes. A job priced on its
-        // own keeps its order.
+        // own, or with one alternative, keeps its order and gets no floor.
+        let own = !jp.own.is_empty();
+        let floors = !own && alternatives > 1 && view.work_hours > 1e-9;
         let mut order = std::mem::take(&mut scratch.order);
         order.clear();
         for a in 0..alternatives {
-            let floor = if jp.own.is_empty() && view.work_hours > 1e-9 {
+            let floor = if floors {
                 price_floor(
                     &self.groups[jp.groups[a]].options,
                     window.clone(),
@@ -848,7 +849,6 @@ impl<'p, 'a> Pricer<'p, 'a> {
             {
                 break;
             }
-            let own = !jp.own.is_empty();
             if own {
                 for t in window.clone() {
                     self.options_at(&jp.own[a], t, mu, lambda, Some(job), &mut scratch.points);
