@@ -42,7 +42,7 @@ const IMPROVEMENT_ROUNDS: usize = 10;
 /// The rounds end once one gains less than this share of the objective the first pass
 /// reached (and places no job the pass left out): later rounds then move few jobs for little,
 /// and on 10,000 jobs each costs seconds.
-const ROUND_GAIN_SHARE: f64 = 1e-3;
+const ROUND_GAIN_SHARE: f64 = 1e-4;
 
 impl<'p> Residual<'p> {
     pub fn new(problem: &Problem) -> Residual<'p> {
