@@ -252,13 +252,14 @@ impl<'p> State<'p> {
 /// [`REBUILD_JOBS`] of them, put back in deadline order, once paying `congestion` per GPU-slot
 /// and once at exact cost) until a round changes nothing, then up to `most_ruins` randomised
 /// ruin-and-recreate moves; `stop` ends any of them early. Jobs drawing the dirtiest power move
-/// first.
+/// first. Without `passes` only the randomised moves run.
 pub(crate) fn improve<'p>(
     problem: &Problem,
     start: &Schedule,
     congestion: Option<&'p [Vec<f64>]>,
     stop: &dyn Fn() -> bool,
     most_ruins: usize,
+    passes: bool,
 ) -> Outcome {
     let mut state: State<'p> = State::new(problem, start);
     let mut moves = 0;
@@ -268,7 +269,8 @@ pub(crate) fn improve<'p>(
         moves,
         gain_g,
     };
-    for _ in 0..MOST_PASSES {
+    let most_passes = if passes { MOST_PASSES } else { 0 };
+    for _ in 0..most_passes {
         // Grid weight of the power each job draws now, per work hour: the dirtiest first.
         let weight = |job: usize| -> f64 {
             let runs = state.runs[job].as_deref().unwrap_or(&[]);
@@ -307,7 +309,7 @@ pub(crate) fn improve<'p>(
         }
     }
     let step = (REBUILD_SLOTS / 2).max(1);
-    for round in 0..MOST_PASSES {
+    for round in 0..most_passes {
         let mut changed = false;
         for first in (0..problem.n_slots).step_by(step) {
             if stop() {
@@ -465,16 +467,23 @@ mod tests {
                 .iter()
                 .map(|_| vec![5.0; problem.n_slots])
                 .collect();
-            for prices in [None, Some(congestion.as_slice())] {
-                let outcome = improve(&problem, &start, prices, &never, 200);
+            for (prices, passes_first) in [
+                (None, true),
+                (Some(congestion.as_slice()), true),
+                (None, false),
+                (Some(congestion.as_slice()), false),
+            ] {
+                let outcome = improve(&problem, &start, prices, &never, 200, passes_first);
                 // The randomised moves only follow the passes, so without them the search ends
                 // no lower; with them it is deterministic for a given number of moves.
-                let passes = improve(&problem, &start, prices, &never, 0);
-                assert!(
-                    problem.evaluate(&outcome.schedule).objective_g
-                        <= problem.evaluate(&passes.schedule).objective_g + 1e-6
-                );
-                let again = improve(&problem, &start, prices, &never, 200);
+                if passes_first {
+                    let passes = improve(&problem, &start, prices, &never, 0, true);
+                    assert!(
+                        problem.evaluate(&outcome.schedule).objective_g
+                            <= problem.evaluate(&passes.schedule).objective_g + 1e-6
+                    );
+                }
+                let again = improve(&problem, &start, prices, &never, 200, passes_first);
                 assert_eq!(again.schedule, outcome.schedule, "seed {seed}");
                 let before = problem.evaluate(&start).objective_g;
                 let after = problem.evaluate(&outcome.schedule).objective_g;

@@ -799,7 +799,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         }
         // Randomised ruin and recreate on large fleets under a budget, until it ends.
         let ruins = if budgeted_search { LNS_MOST_RUINS } else { 0 };
-        let local = improve::improve(&problem, &chosen, gpu_prices.as_deref(), &stop, ruins);
+        // There the randomised moves alone: on the benchmark's 10,000 jobs the ejection pass
+        // over every job gained 0.09 kg in the time the randomised moves gained 1.05 kg.
+        let local = improve::improve(
+            &problem,
+            &chosen,
+            gpu_prices.as_deref(),
+            &stop,
+            ruins,
+            !budgeted_search,
+        );
         if local.gain_g > 0.0
             && problem.evaluate(&local.schedule).objective_g < problem.evaluate(&chosen).objective_g
             && validate(
