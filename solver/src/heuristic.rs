@@ -12,6 +12,7 @@ use crate::plan::Infeasible;
 use crate::problem::{Problem, Schedule, Slot};
 
 /// Residual state while jobs are placed one by one.
+#[derive(Clone)]
 pub(crate) struct Residual<'p> {
     /// Load per site and slot, kW.
     load_kw: Vec<Vec<f64>>,
@@ -25,6 +26,8 @@ pub(crate) struct Residual<'p> {
     /// When set (and `prices` is not), placements also pay these prices per GPU, per pool and
     /// slot, on top of the exact grid cost: the value of a GPU-slot another job could use.
     pub congestion: Option<&'p [Vec<f64>]>,
+    /// When set, placements use only the sites with `true` here.
+    pub sites: Option<Vec<bool>>,
 }
 
 /// Prices of the coupling rows (from the Lagrangian dual): g per GPU per pool and slot, and g
@@ -50,6 +53,7 @@ impl<'p> Residual<'p> {
             prices: None,
             overbook: false,
             congestion: None,
+            sites: None,
             load_kw: (0..problem.inst.sites.len())
                 .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
                 .collect(),
@@ -472,7 +476,10 @@ pub(crate) fn best_placement(
     spread: bool,
 ) -> Option<(f64, Vec<Slot>)> {
     let view = &problem.jobs[job];
-    let sites = problem.run_sites(job);
+    let mut sites = problem.run_sites(job);
+    if let Some(allowed) = &residual.sites {
+        sites.retain(|&s| allowed[s]);
+    }
     let table = OptionTable::new(problem, residual, job, &sites);
     // Candidates: the positions (in `table.pools`) of each single site's pools, then of all.
     let mut candidates: Vec<Vec<usize>> = sites

@@ -31,6 +31,7 @@ const REBUILD_JOBS: usize = 24;
 const RUIN_JOBS: usize = 32;
 
 /// A plan under local search: the residual state, the runs and who holds each GPU-slot.
+#[derive(Clone)]
 struct State<'p> {
     residual: Residual<'p>,
     runs: Vec<Option<Vec<Slot>>>,
@@ -257,7 +258,7 @@ pub(crate) fn improve<'p>(
     problem: &Problem,
     start: &Schedule,
     congestion: Option<&'p [Vec<f64>]>,
-    stop: &dyn Fn() -> bool,
+    stop: &(dyn Fn() -> bool + Sync),
     most_ruins: usize,
     passes: bool,
 ) -> Outcome {
@@ -340,83 +341,207 @@ pub(crate) fn improve<'p>(
         }
     }
     // Randomised ruin and recreate (large-neighbourhood search), at most `most_ruins` moves
-    // while `stop` allows: each takes out a sample of 4 to RUIN_JOBS related jobs, drawn in
-    // turn as the jobs at one site over 2-8 slots, one job and those sharing its site within a
-    // slot of its runs, and the jobs running anywhere over 6-24 slots; it puts them back in
-    // deadline or sampled order, first paying `congestion`, then at exact cost, and keeps the
-    // result only when the plan's objective falls. The draws are seeded by the move's number,
-    // so the search is deterministic for a given number of moves.
-    let served: Vec<usize> = (0..problem.jobs.len())
-        .filter(|&j| state.runs[j].is_some())
-        .collect();
+    // while `stop` allows. With two sites or more the moves run in epochs of EPOCH_RUINS: each
+    // epoch splits the sites in two halves (a seeded draw per epoch), and each half's moves
+    // take out and put back only the jobs that run and keep their checkpoint there (placed
+    // only there), on its own copy of the plan, on a thread of its own where the machine has
+    // two cores. The halves share no site, so their gains add up exactly, and the jobs that
+    // span both halves move in a later epoch. The answer does not depend on the threads.
     let n_sites = problem.inst.sites.len();
     let mut site_pools: Vec<Vec<usize>> = vec![Vec::new(); n_sites];
     for (p, pool) in problem.pools.iter().enumerate() {
         site_pools[pool.site].push(p);
     }
-    if served.len() > 1 && problem.n_slots > 0 {
-        for ruin in 0..most_ruins {
-            if stop() {
-                break;
+    let served = (0..problem.jobs.len())
+        .filter(|&j| state.runs[j].is_some())
+        .count();
+    if served < 2 || problem.n_slots == 0 || most_ruins == 0 {
+        return done(state, moves, gain_g);
+    }
+    if n_sites < 2 {
+        let all = vec![true; problem.jobs.len()];
+        let (m, g) = random_moves(
+            problem,
+            &mut state,
+            congestion,
+            stop,
+            &all,
+            0..most_ruins,
+            1,
+            0,
+            &site_pools,
+        );
+        return done(state, moves + m, gain_g + g);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut next = 0;
+    let mut epoch: u64 = 0;
+    while next < most_ruins && !stop() {
+        let mut order: Vec<usize> = (0..n_sites).collect();
+        order.sort_by_key(|&s| mix(s as u64, epoch, 0x5117));
+        let mut half = vec![0usize; n_sites];
+        for (i, &s) in order.iter().enumerate() {
+            half[s] = i % 2;
+        }
+        // Each job's half: every run's site and its checkpoint's site in it.
+        let job_half = |state: &State, j: usize| -> Option<usize> {
+            let runs = state.runs[j].as_deref()?;
+            let mut sites = runs
+                .iter()
+                .map(|r| problem.pools[r.pool].site)
+                .chain(problem.jobs[j].current_site);
+            let first = half[sites.next()?];
+            sites.all(|s| half[s] == first).then_some(first)
+        };
+        let resident: Vec<Vec<bool>> = (0..2)
+            .map(|h| {
+                (0..problem.jobs.len())
+                    .map(|j| job_half(&state, j) == Some(h))
+                    .collect()
+            })
+            .collect();
+        let span = (2 * EPOCH_RUINS).min(most_ruins - next);
+        let ruins = next..next + span;
+        let mut other = state.clone();
+        other.residual.sites = Some((0..n_sites).map(|s| half[s] == 1).collect());
+        state.residual.sites = Some((0..n_sites).map(|s| half[s] == 0).collect());
+        let run_half = |state: &mut State<'p>, h: usize| {
+            random_moves(
+                problem,
+                state,
+                congestion,
+                stop,
+                &resident[h],
+                ruins.clone(),
+                2,
+                h,
+                &site_pools,
+            )
+        };
+        let ((m0, g0), (m1, g1)) = if threads >= 2 {
+            std::thread::scope(|scope| {
+                let handle = scope.spawn(|| run_half(&mut other, 1));
+                let first = run_half(&mut state, 0);
+                (first, heuristic::join(handle))
+            })
+        } else {
+            (run_half(&mut state, 0), run_half(&mut other, 1))
+        };
+        state.residual.sites = None;
+        // The second half's jobs take their runs from its copy: out first, then in, so no
+        // GPU-slot is counted twice on the way.
+        let changed: Vec<usize> = (0..problem.jobs.len())
+            .filter(|&j| resident[1][j] && other.runs[j] != state.runs[j])
+            .collect();
+        for &j in &changed {
+            state.lift(problem, j);
+        }
+        for &j in &changed {
+            if let Some(runs) = other.runs[j].take() {
+                state.place(problem, j, runs);
             }
-            let draw = |k: u64| mix(ruin as u64, k, 0x5EED);
-            let mut jobs: Vec<usize> = match ruin % 3 {
-                0 => {
-                    let site = (draw(1) % n_sites as u64) as usize;
-                    let span = 2 + (draw(2) % 7) as usize;
-                    let first = (draw(3) % problem.n_slots as u64) as usize;
-                    let last = (first + span).min(problem.n_slots);
-                    site_pools[site]
-                        .iter()
-                        .flat_map(|&p| state.holders[p][first..last].iter().flatten().copied())
-                        .collect()
-                }
-                1 => {
-                    let seed = served[(draw(1) % served.len() as u64) as usize];
-                    let mut related: Vec<usize> = vec![seed];
-                    for run in state.runs[seed].as_deref().unwrap_or(&[]) {
-                        let lo = run.slot.saturating_sub(1);
-                        let hi = (run.slot + 2).min(problem.n_slots);
-                        for &p in &site_pools[problem.pools[run.pool].site] {
-                            related.extend(state.holders[p][lo..hi].iter().flatten().copied());
-                        }
+        }
+        moves += m0 + m1;
+        gain_g += g0 + g1;
+        next += span;
+        epoch += 1;
+    }
+    done(state, moves, gain_g)
+}
+
+/// Randomised moves in epochs: ruins per half of the sites between two merges.
+const EPOCH_RUINS: usize = 100;
+
+/// Randomised ruin-and-recreate moves numbered `ruins` (every `stride`-th of them, from the
+/// start plus `offset`) over the jobs with `resident[j]`: each takes out a sample of 4 to
+/// RUIN_JOBS related jobs, drawn in turn as the jobs at one site over 2-8 slots, one job and
+/// those sharing its site within a slot of its runs, and the jobs running anywhere over 6-24
+/// slots; it puts them back in deadline or sampled order, first paying `congestion`, then at
+/// exact cost, and keeps the result only when the plan's objective falls. The draws are seeded
+/// by the move's number and `offset`, so the search is deterministic for a given number of
+/// moves. Returns the moves kept and their gain, g.
+#[allow(clippy::too_many_arguments)]
+fn random_moves<'p>(
+    problem: &Problem,
+    state: &mut State<'p>,
+    congestion: Option<&'p [Vec<f64>]>,
+    stop: &(dyn Fn() -> bool + Sync),
+    resident: &[bool],
+    ruins: std::ops::Range<usize>,
+    stride: usize,
+    offset: usize,
+    site_pools: &[Vec<usize>],
+) -> (usize, f64) {
+    let (mut moves, mut gain_g) = (0, 0.0);
+    let served: Vec<usize> = (0..problem.jobs.len())
+        .filter(|&j| resident[j] && state.runs[j].is_some())
+        .collect();
+    let sites: Vec<usize> = (0..problem.inst.sites.len())
+        .filter(|&s| state.residual.sites.as_ref().is_none_or(|m| m[s]))
+        .collect();
+    if served.is_empty() || sites.is_empty() {
+        return (0, 0.0);
+    }
+    for ruin in ruins.skip(offset).step_by(stride) {
+        if stop() {
+            break;
+        }
+        let draw = |k: u64| mix(ruin as u64, k, 0x5EED);
+        let mut jobs: Vec<usize> = match ruin % 3 {
+            0 => {
+                let site = sites[(draw(1) % sites.len() as u64) as usize];
+                let span = 2 + (draw(2) % 7) as usize;
+                let first = (draw(3) % problem.n_slots as u64) as usize;
+                let last = (first + span).min(problem.n_slots);
+                site_pools[site]
+                    .iter()
+                    .flat_map(|&p| state.holders[p][first..last].iter().flatten().copied())
+                    .collect()
+            }
+            1 => {
+                let seed = served[(draw(1) % served.len() as u64) as usize];
+                let mut related: Vec<usize> = vec![seed];
+                for run in state.runs[seed].as_deref().unwrap_or(&[]) {
+                    let lo = run.slot.saturating_sub(1);
+                    let hi = (run.slot + 2).min(problem.n_slots);
+                    for &p in &site_pools[problem.pools[run.pool].site] {
+                        related.extend(state.holders[p][lo..hi].iter().flatten().copied());
                     }
-                    related
                 }
-                _ => {
-                    let span = 6 + (draw(2) % 19) as usize;
-                    let first = (draw(3) % problem.n_slots as u64) as usize;
-                    let last = (first + span).min(problem.n_slots);
-                    state
-                        .holders
-                        .iter()
-                        .flat_map(|per_slot| per_slot[first..last].iter().flatten().copied())
-                        .collect()
-                }
-            };
-            jobs.sort_unstable();
-            jobs.dedup();
-            if jobs.is_empty() {
-                continue;
+                related
             }
-            jobs.sort_by_key(|&j| mix(j as u64, ruin as u64, 7));
-            let most = 4 + (draw(4) % (RUIN_JOBS as u64 - 3)) as usize;
-            jobs.truncate(most);
-            if draw(5) % 2 == 0 {
-                jobs.sort_by_key(|&j| {
-                    (problem.jobs[j].window.end, problem.jobs[j].window.start, j)
-                });
+            _ => {
+                let span = 6 + (draw(2) % 19) as usize;
+                let first = (draw(3) % problem.n_slots as u64) as usize;
+                let last = (first + span).min(problem.n_slots);
+                state
+                    .holders
+                    .iter()
+                    .flat_map(|per_slot| per_slot[first..last].iter().flatten().copied())
+                    .collect()
             }
-            for prices in [congestion, None] {
-                if let Some(delta) = state.rebuild(problem, &jobs, prices) {
-                    moves += 1;
-                    gain_g -= delta;
-                    break;
-                }
+        };
+        jobs.retain(|&j| resident[j]);
+        jobs.sort_unstable();
+        jobs.dedup();
+        if jobs.is_empty() {
+            continue;
+        }
+        jobs.sort_by_key(|&j| mix(j as u64, ruin as u64, 7));
+        let most = 4 + (draw(4) % (RUIN_JOBS as u64 - 3)) as usize;
+        jobs.truncate(most);
+        if draw(5) % 2 == 0 {
+            jobs.sort_by_key(|&j| (problem.jobs[j].window.end, problem.jobs[j].window.start, j));
+        }
+        for prices in [congestion, None] {
+            if let Some(delta) = state.rebuild(problem, &jobs, prices) {
+                moves += 1;
+                gain_g -= delta;
+                break;
             }
         }
     }
-    done(state, moves, gain_g)
+    (moves, gain_g)
 }
 
 /// What a local search did.
