@@ -10,7 +10,9 @@
 //! slots and puts them back one by one, once paying the Lagrangian GPU prices on top of the
 //! exact grid cost (so a job leaves a scarce GPU-slot to others unless it gains more than the
 //! slot is worth) and once at exact cost. When the caller allows, randomised ruin and recreate
-//! (a large-neighbourhood search over seeded samples of related jobs) follows until its stop.
+//! (a large-neighbourhood search over seeded samples of related jobs) follows until its stop,
+//! in epochs that split the sites in two halves searched side by side on copies of the plan;
+//! a caller may also ask for the randomised moves alone.
 //!
 //! A move is kept only when the objective of the whole plan falls. Every cost is exact (the
 //! residual state's marginal grid cost, migrations and the change penalty against the previous
