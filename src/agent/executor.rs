@@ -231,6 +231,9 @@ impl Executor for LocalExecutor {
     }
 }
 
+/// Longest wait for a requeued job to be listed as pending before its start time is moved.
+const REQUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Slurm through its command-line tools. The batch script is the job's command; checkpoints are
 /// asked for with `scancel --batch --signal` (a plain `--signal` reaches only job steps); a job
 /// started again after a checkpoint is requeued (`scontrol requeue`) while Slurm still knows it,
@@ -264,6 +267,29 @@ impl SlurmExecutor {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// Waits, at most [`REQUEUE_WAIT`], until Slurm lists the job as pending.
+    fn wait_until_pending(job: &str, id: &str) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < REQUEUE_WAIT {
+            let state = Self::run(
+                job,
+                "squeue",
+                &[
+                    "-h".into(),
+                    "-j".into(),
+                    id.into(),
+                    "-o".into(),
+                    "%T".into(),
+                ],
+            )
+            .unwrap_or_default();
+            if state == "PENDING" {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     fn slurm_id(job: &str, dir: &Path) -> Result<String, ExecError> {
         fs::read_to_string(dir.join("slurm_job_id"))
             .map(|t| t.trim().to_string())
@@ -286,7 +312,11 @@ impl Executor for SlurmExecutor {
         if let Ok(id) = Self::slurm_id(job, &spec.dir)
             && Self::run(job, "scontrol", &["requeue".into(), id.clone()]).is_ok()
         {
-            // A requeued job otherwise waits about two minutes (BeginTime).
+            // A requeued job otherwise waits about two minutes (BeginTime). A job whose script
+            // has ended but which Slurm still counts as ending is requeued only once it has
+            // ended, and that requeue sets the wait again: the start time is moved once the
+            // job is pending.
+            Self::wait_until_pending(job, &id);
             Self::run(
                 job,
                 "scontrol",
