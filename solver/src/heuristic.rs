@@ -481,18 +481,7 @@ pub(crate) fn best_placement(
         sites.retain(|&s| allowed[s]);
     }
     let table = OptionTable::new(problem, residual, job, &sites);
-    // Candidates: the positions (in `table.pools`) of each single site's pools, then of all.
-    let mut candidates: Vec<Vec<usize>> = sites
-        .iter()
-        .map(|&s| {
-            (0..table.pools.len())
-                .filter(|&k| problem.pools[table.pools[k]].site == s)
-                .collect()
-        })
-        .collect();
-    if spread && view.migratable && sites.len() > 1 {
-        candidates.push((0..table.pools.len()).collect());
-    }
+    let candidates = table.candidates(problem, &sites, spread && view.migratable);
     // Deeper power caps save energy per work hour but may leave too few slots to finish, so the
     // deepest allowed cap is varied too.
     let most_levels = table.levels;
@@ -585,6 +574,23 @@ impl OptionTable {
             per_work,
             nonnegative,
         }
+    }
+
+    /// The candidate pool sets, as positions in `pools`: each of `sites` alone, then all of
+    /// them together when `across` and there are two or more.
+    fn candidates(&self, problem: &Problem, sites: &[usize], across: bool) -> Vec<Vec<usize>> {
+        let mut candidates: Vec<Vec<usize>> = sites
+            .iter()
+            .map(|&s| {
+                (0..self.pools.len())
+                    .filter(|&k| problem.pools[self.pools[k]].site == s)
+                    .collect()
+            })
+            .collect();
+        if across && sites.len() > 1 {
+            candidates.push((0..self.pools.len()).collect());
+        }
+        candidates
     }
 }
 
@@ -779,17 +785,7 @@ mod tests {
     ) -> Option<(f64, Vec<Slot>)> {
         let sites = problem.run_sites(job);
         let table = OptionTable::new(problem, residual, job, &sites);
-        let mut candidates: Vec<Vec<usize>> = sites
-            .iter()
-            .map(|&s| {
-                (0..table.pools.len())
-                    .filter(|&k| problem.pools[table.pools[k]].site == s)
-                    .collect()
-            })
-            .collect();
-        if problem.jobs[job].migratable && sites.len() > 1 {
-            candidates.push((0..table.pools.len()).collect());
-        }
+        let candidates = table.candidates(problem, &sites, problem.jobs[job].migratable);
         let mut best: Option<(f64, Vec<Slot>)> = None;
         let mut scratch = Vec::new();
         for allowed in &candidates {
