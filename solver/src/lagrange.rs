@@ -372,6 +372,8 @@ struct Dp {
     back3: Vec<(u16, u16, u16)>,
     any: Vec<f64>,
     any_from: Vec<u16>,
+    /// Per window slot: the most units it and the slots after it can add, at most `k`.
+    most_after: Vec<usize>,
 }
 
 /// One pricing thread's buffers.
@@ -474,6 +476,20 @@ fn price_job(
     dp.cost[0] = 0.0;
     dp.back.clear();
     dp.back.resize(n * (k + 1), (0, 0));
+    // The most units the slots from each window slot on can add: a state below `k` minus
+    // that cannot reach the work, and is not extended.
+    dp.most_after.clear();
+    dp.most_after.resize(n, 0);
+    let mut most_after = 0usize;
+    for (i, t) in window.clone().enumerate().rev() {
+        let most = options[t]
+            .iter()
+            .map(|o| Problem::grid_units(o.work_h, unit_h, k, round_up))
+            .max()
+            .unwrap_or(0);
+        most_after = (most_after + most).min(k);
+        dp.most_after[i] = most_after;
+    }
     let mut reach = 0; // highest state reached so far
     for (i, t) in window.clone().enumerate() {
         dp.next.clone_from(&dp.cost);
@@ -481,20 +497,30 @@ fn price_job(
         for (u, b) in back.iter_mut().enumerate() {
             *b = (u as u16, 0);
         }
+        // States from which even the most work in every slot left falls short are dead.
+        let lo = k - dp.most_after[i];
         let mut new_reach = reach;
         for (o, opt) in options[t].iter().enumerate() {
             let units = Problem::grid_units(opt.work_h, unit_h, k, round_up);
             let c = opt.cost_g * scale;
-            for u in 0..=reach {
-                let base = dp.cost[u];
-                if !base.is_finite() {
-                    continue;
-                }
-                let v = (u + units).min(k);
-                if base + c < dp.next[v] - 1e-12 {
-                    dp.next[v] = base + c;
+            // Below `split` a state moves up by `units`; from it on, it lands on `k`. An
+            // unreached state costs infinity and never improves one.
+            let split = (k - units).min(reach + 1);
+            for u in lo..split {
+                let v = u + units;
+                let cand = dp.cost[u] + c;
+                if cand < dp.next[v] - 1e-12 {
+                    dp.next[v] = cand;
                     back[v] = (u as u16, o as u16 + 1);
                     new_reach = new_reach.max(v);
+                }
+            }
+            for u in split.max(lo)..=reach {
+                let cand = dp.cost[u] + c;
+                if cand < dp.next[k] - 1e-12 {
+                    dp.next[k] = cand;
+                    back[k] = (u as u16, o as u16 + 1);
+                    new_reach = k;
                 }
             }
         }
