@@ -506,21 +506,29 @@ fn price_job(
             // Below `split` a state moves up by `units`; from it on, it lands on `k`. An
             // unreached state costs infinity and never improves one.
             let split = (k - units).min(reach + 1);
-            for u in lo..split {
-                let v = u + units;
-                let cand = dp.cost[u] + c;
-                if cand < dp.next[v] - 1e-12 {
-                    dp.next[v] = cand;
-                    back[v] = (u as u16, o as u16 + 1);
-                    new_reach = new_reach.max(v);
+            let (cost, next) = (&dp.cost, &mut dp.next);
+            if lo < split {
+                let moved = next[lo + units..split + units]
+                    .iter_mut()
+                    .zip(&mut back[lo + units..split + units]);
+                for (u, (&base, (to, b))) in cost[lo..split].iter().zip(moved).enumerate() {
+                    let cand = base + c;
+                    if cand < *to - 1e-12 {
+                        *to = cand;
+                        *b = ((lo + u) as u16, o as u16 + 1);
+                        new_reach = new_reach.max(lo + u + units);
+                    }
                 }
             }
-            for u in split.max(lo)..=reach {
-                let cand = dp.cost[u] + c;
-                if cand < dp.next[k] - 1e-12 {
-                    dp.next[k] = cand;
-                    back[k] = (u as u16, o as u16 + 1);
-                    new_reach = k;
+            let from = split.max(lo);
+            if from <= reach {
+                for (u, &base) in cost[from..=reach].iter().enumerate() {
+                    let cand = base + c;
+                    if cand < next[k] - 1e-12 {
+                        next[k] = cand;
+                        back[k] = ((from + u) as u16, o as u16 + 1);
+                        new_reach = k;
+                    }
                 }
             }
         }
