@@ -374,6 +374,8 @@ struct Dp {
     any_from: Vec<u16>,
     /// Per window slot: the most units it and the slots after it can add, at most `k`.
     most_after: Vec<usize>,
+    /// Each window slot's options' units on the grid, slot after slot.
+    units: Vec<usize>,
 }
 
 /// One pricing thread's buffers.
@@ -478,19 +480,25 @@ fn price_job(
     dp.back.resize(n * (k + 1), (0, 0));
     // The most units the slots from each window slot on can add: a state below `k` minus
     // that cannot reach the work, and is not extended.
+    dp.units.clear();
     dp.most_after.clear();
-    dp.most_after.resize(n, 0);
+    for t in window.clone() {
+        let first = dp.units.len();
+        dp.units.extend(
+            options[t]
+                .iter()
+                .map(|o| Problem::grid_units(o.work_h, unit_h, k, round_up)),
+        );
+        dp.most_after
+            .push(dp.units[first..].iter().copied().max().unwrap_or(0));
+    }
     let mut most_after = 0usize;
-    for (i, t) in window.clone().enumerate().rev() {
-        let most = options[t]
-            .iter()
-            .map(|o| Problem::grid_units(o.work_h, unit_h, k, round_up))
-            .max()
-            .unwrap_or(0);
-        most_after = (most_after + most).min(k);
-        dp.most_after[i] = most_after;
+    for most in dp.most_after.iter_mut().rev() {
+        most_after = (most_after + *most).min(k);
+        *most = most_after;
     }
     let mut reach = 0; // highest state reached so far
+    let mut first_option = 0; // this slot's first entry in `dp.units`
     for (i, t) in window.clone().enumerate() {
         dp.next.clone_from(&dp.cost);
         let back = &mut dp.back[i * (k + 1)..(i + 1) * (k + 1)];
@@ -501,7 +509,7 @@ fn price_job(
         let lo = k - dp.most_after[i];
         let mut new_reach = reach;
         for (o, opt) in options[t].iter().enumerate() {
-            let units = Problem::grid_units(opt.work_h, unit_h, k, round_up);
+            let units = dp.units[first_option + o];
             let c = opt.cost_g * scale;
             // Below `split` a state moves up by `units`; from it on, it lands on `k`. An
             // unreached state costs infinity and never improves one.
@@ -533,6 +541,7 @@ fn price_job(
             }
         }
         reach = new_reach;
+        first_option += options[t].len();
         std::mem::swap(&mut dp.cost, &mut dp.next);
     }
     let value = dp.cost[k];

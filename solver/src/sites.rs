@@ -22,7 +22,8 @@ const GROUP_MOST_S: f64 = 4.0;
 /// goes to the local search. Rationale: on the benchmark's 10,000-job size the search's share
 /// gave 78-122 groups about 0.2 s each, 4-6 of them improved the plan (0.03 kg in 12 s in one
 /// run), where the randomised search gains about 0.12 kg/s; on its 1,000-job size 15 groups
-/// get about 0.45 s each and gain 1.1 kg in 4.3 s (docs/benchmarks.md).
+/// get about 0.44 s each (40 % of the 16.6 s left at 13.4 s) and gain 1.1 kg in 4.6 s
+/// (docs/benchmarks.md).
 const GROUP_LEAST_S: f64 = 0.35;
 
 /// The outcome of [`search`].
