@@ -75,9 +75,10 @@ const ROUNDS_SHARE: f64 = 0.93;
 /// Share of the caller's budget the Lagrangian rounds leave, on large fleets once they price on
 /// the finer grid, to the local search's randomised ruin and recreate (which runs until the
 /// budget ends). Rationale: on M the rounds' last half lifts the bound by about 0.5 kg and
-/// the search lowers the plan by about 2.2 kg; on L the rounds stay on the coarse grid for the
-/// whole limit, and ending them early regardless cost 55 kg of bound for 0.9 kg of plan, so
-/// there the search only gets what is left (measured in docs/benchmarks.md).
+/// the search lowers the plan by about 2.2 kg; on L the coarse rounds run to about 60 % of
+/// the limit, and ending them early regardless cost 55 kg of bound for 0.9 kg of plan, so
+/// there the search only gets what is left after the finer rounds (`FINE_ROUNDS_SHARE`;
+/// measured in docs/benchmarks.md).
 const LNS_SHARE: f64 = 0.5;
 /// Least share of the rounds' remaining time (to `ROUNDS_SHARE`) the rounds on the finer grid
 /// keep once the coarse ones stall, whatever `LNS_SHARE` leaves them. Rationale: L's coarse
