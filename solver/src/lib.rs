@@ -72,19 +72,15 @@ const RESTRICTED_MILP_SHARE: f64 = 0.2;
 /// their constructions end, so the final pricing of the bound (about 5 % of the time limit:
 /// `lagrange::FINAL_CELLS_PER_LIMIT_S`) ends within the limit.
 const ROUNDS_SHARE: f64 = 0.93;
-/// Share of the caller's budget the Lagrangian rounds leave, on large fleets once they price on
-/// the finer grid, to the local search's randomised ruin and recreate (which runs until the
-/// budget ends). Rationale: on M the rounds' last half lifts the bound by about 0.5 kg and
-/// the search lowers the plan by about 2.2 kg; on L the coarse rounds run to about 60 % of
-/// the limit, and ending them early regardless cost 55 kg of bound for 0.9 kg of plan, so
-/// there the search only gets what is left after the finer rounds (`FINE_ROUNDS_SHARE`;
-/// measured in docs/benchmarks.md).
-const LNS_SHARE: f64 = 0.5;
-/// Least share of the rounds' remaining time (to `ROUNDS_SHARE`) the rounds on the finer grid
-/// keep once the coarse ones stall, whatever `LNS_SHARE` leaves them. Rationale: L's coarse
-/// rounds stall at about 60 % of its limit, where `LNS_SHARE` alone left the finer grid no
-/// round, and the final bound was priced at the coarse rounds' prices: 70 fine iterations in
-/// 36 s lift it from 3,592.2 to 3,599.9 kg for about 1 kg of plan (docs/benchmarks.md).
+/// Share of what is left of a caller's budget, from the stall of the coarse rounds to
+/// `ROUNDS_SHARE`, that the Lagrangian rounds on the finer grid take on large fleets; the rest
+/// goes to the site MILPs and the local search's randomised ruin and recreate (which runs until
+/// the budget ends). Rationale: on M (coarse stall at 4 s of 30 s) the finer rounds' last half
+/// lifts the bound by about 0.5 kg while the search lowers the plan by about 2.2 kg; on L the
+/// coarse rounds stall at about 60 % of the limit, and a fixed end for the finer rounds at 43 %
+/// left them no round there, so the final bound was priced at the coarse rounds' prices: 70
+/// fine iterations in 36 s lift it from 3,592.2 to 3,599.9 kg for about 1 kg of plan (M: 5.62-
+/// 5.68 % either way; measured in docs/benchmarks.md).
 const FINE_ROUNDS_SHARE: f64 = 0.5;
 /// Share of the time the Lagrangian rounds leave on large fleets under a budget that goes to
 /// the site MILPs (`sites`), before the local search, which gets the rest. Rationale: on a
@@ -628,9 +624,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             .into_iter()
             .find(|&g| lagrange::grid_cells(&problem, &include, g) <= lagrange::FINE_MOST_CELLS);
         let mut grid = lagrange::Grid::Coarse;
-        // The rounds leave the end of the caller's budget to the final pricing below.
-        // On large fleets under a budget, once the rounds price on the finer grid they leave
-        // LNS_SHARE of it to the local search.
+        // The rounds leave the end of the caller's budget to the final pricing below. On
+        // large fleets under a budget, once the rounds price on the finer grid they end
+        // FINE_ROUNDS_SHARE of the way to ROUNDS_SHARE, leaving the rest to the local search.
         // The share of the budget at which the rounds end (as f64 bits).
         let rounds_end = std::sync::atomic::AtomicU64::new(ROUNDS_SHARE.to_bits());
         let rounds_stop = || {
@@ -696,8 +692,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 scale = scale.max(MASTER_START_SCALE);
                 if budgeted_search {
                     let passed = options.stop.passed().unwrap_or(0.0);
-                    let end = (ROUNDS_SHARE - LNS_SHARE)
-                        .max(passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed));
+                    let end = passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed);
                     rounds_end.store(end.to_bits(), std::sync::atomic::Ordering::Relaxed);
                 }
             } else if step_gone {
