@@ -627,17 +627,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // The rounds leave the end of the caller's budget to the final pricing below. On
         // large fleets under a budget, once the rounds price on the finer grid they end
         // FINE_ROUNDS_SHARE of the way to ROUNDS_SHARE, leaving the rest to the local search.
-        // The share of the budget at which the rounds end (as f64 bits).
-        let rounds_end = std::sync::atomic::AtomicU64::new(ROUNDS_SHARE.to_bits());
-        let rounds_stop = || {
-            options.stop.at(f64::from_bits(
-                rounds_end.load(std::sync::atomic::Ordering::Relaxed),
-            ))
-        };
+        // The share of the budget at which the rounds end.
+        let mut rounds_end = ROUNDS_SHARE;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
-            && !(iterations > 0 && rounds_stop())
+            && !(iterations > 0 && options.stop.at(rounds_end))
         {
             let current = problem.evaluate(&chosen).objective_g;
             let outcome = lagrange::dual_bound(
@@ -649,7 +644,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         .min(options.max_dual_iterations - iterations),
                     upper_g: current,
                     rel_gap: options.mip_rel_gap,
-                    stop: &rounds_stop,
+                    stop: &|| options.stop.at(rounds_end),
                     start: prices.as_ref(),
                     start_scale: scale,
                     grid,
@@ -678,7 +673,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kg(&chosen)
                 )
             });
-            if current - bound <= options.mip_rel_gap * current.abs() || rounds_stop() {
+            if current - bound <= options.mip_rel_gap * current.abs() || options.stop.at(rounds_end)
+            {
                 break;
             }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
@@ -692,8 +688,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 scale = scale.max(MASTER_START_SCALE);
                 if budgeted_search {
                     let passed = options.stop.passed().unwrap_or(0.0);
-                    let end = passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed);
-                    rounds_end.store(end.to_bits(), std::sync::atomic::Ordering::Relaxed);
+                    rounds_end = passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed);
                 }
             } else if step_gone {
                 break;
@@ -706,7 +701,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 &skip_now,
                 prices.as_ref().expect("set with the bound"),
                 &outcome.relaxed,
-                &rounds_stop,
+                &|| options.stop.at(rounds_end),
             );
             if failed.is_empty()
                 && problem.evaluate(&priced).objective_g < current
