@@ -479,7 +479,8 @@ pub enum Command {
         /// Time limit in seconds for the MILP work (the exact MILP, or the column-generation master
         /// MILP and the neighbourhood search). Up to 200 jobs, time those steps leave goes to the
         /// exact MILP over the served jobs, whose cuts sharpen the bound. The LP relaxation that
-        /// bounds the plan gets at least 10 s more when nothing else proved the plan optimal.
+        /// bounds the plan gets at least 10 s more when no other step bounded the plan; once one
+        /// has, it gets only what is left of the limit.
         #[arg(long, default_value_t = 30.0)]
         time_limit: f64,
         /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
