@@ -7,7 +7,7 @@
 //! those on which a plan and the relaxation agree fixed. It must not perform I/O or read the
 //! clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use good_lp::{Expression, ProblemVariables, SolverModel, Variable, VariableDefinition, variable};
 
@@ -50,6 +50,15 @@ pub(crate) type Relaxed = Vec<BTreeMap<(usize, usize, usize), f64>>;
 /// A run variable counts as agreeing with the LP relaxation when the LP value is within this of
 /// the incumbent's 0 or 1.
 const AGREE_EPS: f64 = 1e-6;
+/// Most points of a site's load lattice (see [`load_lattice_kw`]); a site with more gets no
+/// lattice cuts: its points lie so close together that the chords add next to nothing.
+const LATTICE_MOST_POINTS: usize = 20_000;
+/// The lattice's resolution, kW (1 mW): each GPU's run load is rounded to it.
+const LATTICE_UNIT_KW: f64 = 1e-6;
+/// Slack on each lattice cut, kW: more than the rounding of the largest lattice's sums.
+const LATTICE_CUT_SLACK_KW: f64 = 1e-4;
+/// Least lift a lattice cut must give where the load meets the surplus, kW, to be added.
+const LATTICE_CUT_LEAST_KW: f64 = 1e-3;
 
 struct Builder {
     vars: ProblemVariables,
@@ -129,6 +138,64 @@ pub(crate) fn solve_at_sites(
     )
 }
 
+/// The loads beyond idle that GPU runs can draw at a site, kW, ascending: every sum of one run
+/// load per GPU, each of a pool's GPUs idle or at one of its power levels. A gang at one level
+/// draws such a sum too, so the run load of every plan lies on this lattice. `None` when it has
+/// more than `LATTICE_MOST_POINTS` points.
+fn load_lattice_kw(problem: &Problem, site: usize) -> Option<Vec<f64>> {
+    let pue = problem.inst.sites[site].pue;
+    let mut sums: Vec<i64> = vec![0];
+    for pool in problem.pools.iter().filter(|p| p.site == site) {
+        // Each load one pool's GPUs can draw, in lattice units, with the fewest GPUs drawing it.
+        let mut reach: BTreeMap<i64, u32> = BTreeMap::from([(0, 0)]);
+        for &level_w in &pool.levels_w {
+            let step = (pue * (level_w - pool.idle_w) / 1000.0 / LATTICE_UNIT_KW).round() as i64;
+            let mut next = reach.clone();
+            for (&units, &gpus) in &reach {
+                for n in 1..=pool.gpus.saturating_sub(gpus) {
+                    let fewest = next.entry(units + i64::from(n) * step).or_insert(gpus + n);
+                    *fewest = (*fewest).min(gpus + n);
+                }
+                if next.len() > LATTICE_MOST_POINTS {
+                    return None;
+                }
+            }
+            reach = next;
+        }
+        let mut combined: BTreeSet<i64> = BTreeSet::new();
+        for &before in &sums {
+            combined.extend(reach.keys().map(|&units| before + units));
+            if combined.len() > LATTICE_MOST_POINTS {
+                return None;
+            }
+        }
+        sums = combined.into_iter().collect();
+    }
+    Some(
+        sums.into_iter()
+            .map(|u| u as f64 * LATTICE_UNIT_KW)
+            .collect(),
+    )
+}
+
+/// The lattice cut of a site and slot whose surplus leaves `headroom_kw` beyond the idle and
+/// fixed load: with `a` the highest lattice point at or below the headroom and `b` the lowest
+/// above it, the grid draw `e >= max(0, G - headroom)` of every run load `G` on the lattice
+/// lies on or above the chord `e >= beta * (G - a)`, `beta = (b - headroom) / (b - a)`
+/// (checkpoint transfers only add to the draw). Returns `(beta, a)`, or `None` where the
+/// headroom lies outside the lattice or the chord lifts the LP by less than
+/// `LATTICE_CUT_LEAST_KW`. Rationale: an LP fills the surplus with fractions of a GPU, which
+/// a plan cannot; on S the bound was the idle load's emissions alone.
+fn lattice_cut(lattice: &[f64], headroom_kw: f64) -> Option<(f64, f64)> {
+    let above = lattice.partition_point(|&v| v <= headroom_kw);
+    if above == 0 || above == lattice.len() {
+        return None;
+    }
+    let (a, b) = (lattice[above - 1], lattice[above]);
+    let beta = (b - headroom_kw) / (b - a);
+    (beta * (headroom_kw - a) >= LATTICE_CUT_LEAST_KW).then_some((beta, a))
+}
+
 /// [`solve`], with the run variables on which `agree` and `warm` agree fixed (see
 /// [`solve_rins`]) and each job with a site in `site_of` held there (see [`solve_at_sites`]).
 fn build_and_solve(
@@ -163,6 +230,10 @@ fn build_and_solve(
     let mut warm_load: Vec<Vec<f64>> = (0..n_sites)
         .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
         .collect();
+    // The part of it that GPU runs draw (no checkpoint transfers), and the fixed jobs' load.
+    let mut gpu_load: Vec<Vec<Expression>> =
+        vec![vec![Expression::from(0.0); problem.n_slots]; n_sites];
+    let mut fixed_kw: Vec<Vec<f64>> = vec![vec![0.0; problem.n_slots]; n_sites];
     // GPUs used per pool and slot.
     let mut used: BTreeMap<(usize, usize), Expression> = BTreeMap::new();
     let mut x_vars: Vec<JobVars> = vec![JobVars::new(); problem.jobs.len()];
@@ -180,6 +251,7 @@ fn build_and_solve(
             for ((site, slot), kw) in problem.added_load_kw(job, runs) {
                 load[site][slot] += Expression::from(kw);
                 warm_load[site][slot] += kw;
+                fixed_kw[site][slot] += kw;
             }
         }
     }
@@ -247,6 +319,7 @@ fn build_and_solve(
                     *used.entry((pool, slot)).or_default() += f64::from(view.gpus) * x;
                     let add_kw = problem.run_load_kw(job, pool, level);
                     load[site][slot] += add_kw * x;
+                    gpu_load[site][slot] += add_kw * x;
                     if on {
                         warm_load[site][slot] += add_kw;
                     }
@@ -484,6 +557,9 @@ fn build_and_solve(
         b.constraints
             .push(expr.clone().leq(f64::from(problem.pools[pool].gpus)));
     }
+    let lattices: Vec<Option<Vec<f64>>> = (0..n_sites)
+        .map(|site| load_lattice_kw(problem, site))
+        .collect();
     // Power balance and grid limits: e >= idle + load - surplus, 0 <= e <= limit.
     for site in 0..n_sites {
         let spec = &problem.inst.sites[site];
@@ -498,6 +574,16 @@ fn build_and_solve(
             b.objective += (h * problem.grid_cost_g_per_kwh(site, slot)) * e;
             let load_expr = std::mem::take(&mut load[site][slot]);
             b.constraints.push((load_expr - e).leq(-base));
+            // The loads GPU runs can draw are a lattice: where the surplus falls between two
+            // of its points, the grid draw lies on or above the chord between them.
+            let headroom_kw = -base - fixed_kw[site][slot];
+            if let Some(lattice) = lattices[site].as_deref()
+                && let Some((beta, at_kw)) = lattice_cut(lattice, headroom_kw)
+            {
+                let gpu_expr = std::mem::take(&mut gpu_load[site][slot]);
+                b.constraints
+                    .push((beta * gpu_expr - e).leq(beta * at_kw + LATTICE_CUT_SLACK_KW));
+            }
         }
     }
 
@@ -704,5 +790,66 @@ mod tests {
             compared += 1;
         }
         assert!(compared >= 6, "only {compared} instances were compared");
+    }
+
+    #[test]
+    fn the_load_lattice_holds_every_load_the_gpus_can_draw_and_its_chords_lie_below() {
+        let instance = random_instance(3, 4, 3, 6);
+        let problem = Problem::new(&instance);
+        for site in 0..instance.sites.len() {
+            let lattice = load_lattice_kw(&problem, site).expect("a small lattice");
+            // Every GPU idle or at one level, enumerated GPU by GPU.
+            let mut loads: Vec<f64> = vec![0.0];
+            for pool in problem.pools.iter().filter(|p| p.site == site) {
+                let pue = instance.sites[site].pue;
+                let mut steps = vec![0.0];
+                steps.extend(
+                    pool.levels_w
+                        .iter()
+                        .map(|w| pue * (w - pool.idle_w) / 1000.0),
+                );
+                for _ in 0..pool.gpus {
+                    loads = loads
+                        .iter()
+                        .flat_map(|l| steps.iter().map(move |s| l + s))
+                        .collect();
+                }
+            }
+            for load in &loads {
+                let nearest = lattice
+                    .iter()
+                    .map(|v| (v - load).abs())
+                    .fold(f64::INFINITY, f64::min);
+                assert!(nearest < 1e-5, "site {site}: {load} kW is off the lattice");
+            }
+            for v in &lattice {
+                assert!(
+                    loads.iter().any(|l| (l - v).abs() < 1e-5),
+                    "site {site}: {v} kW cannot be drawn"
+                );
+            }
+            assert!(lattice.windows(2).all(|w| w[0] < w[1]));
+            // The chord at any headroom never rises above the grid draw at a lattice point,
+            // and lifts it strictly between the two points around the headroom.
+            let top = lattice.last().copied().unwrap_or(0.0);
+            let mut cuts = 0;
+            for i in 0..=400 {
+                let headroom = top * f64::from(i) / 400.0 - 0.01;
+                let Some((beta, at)) = lattice_cut(&lattice, headroom) else {
+                    continue;
+                };
+                cuts += 1;
+                assert!(beta > 0.0 && beta <= 1.0);
+                for &g in &lattice {
+                    let draw = (g - headroom).max(0.0);
+                    assert!(
+                        beta * (g - at) <= draw + 1e-9,
+                        "site {site}, headroom {headroom}: chord above the draw at {g} kW"
+                    );
+                }
+                assert!(beta * (headroom - at) >= LATTICE_CUT_LEAST_KW);
+            }
+            assert!(cuts > 0, "site {site}: no headroom gave a cut");
+        }
     }
 }
