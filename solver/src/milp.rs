@@ -224,13 +224,14 @@ fn build_and_solve(
     };
     let warm_runs =
         |job: usize| -> Vec<Slot> { warm.and_then(|w| w.runs[job].clone()).unwrap_or_default() };
-    // Site load per slot beyond idle, and the warm start's load, for the power balance.
+    // Site load per slot beyond idle other than the included jobs' GPU runs (the fixed jobs'
+    // load and checkpoint transfers), and the warm start's load, for the power balance.
     let mut load: Vec<Vec<Expression>> =
         vec![vec![Expression::from(0.0); problem.n_slots]; n_sites];
     let mut warm_load: Vec<Vec<f64>> = (0..n_sites)
         .map(|s| vec![problem.idle_load_kw[s]; problem.n_slots])
         .collect();
-    // The part of it that GPU runs draw (no checkpoint transfers), and the fixed jobs' load.
+    // The load the included jobs' GPU runs draw, and the fixed jobs' load.
     let mut gpu_load: Vec<Vec<Expression>> =
         vec![vec![Expression::from(0.0); problem.n_slots]; n_sites];
     let mut fixed_kw: Vec<Vec<f64>> = vec![vec![0.0; problem.n_slots]; n_sites];
@@ -318,7 +319,6 @@ fn build_and_solve(
                         (problem.pools[pool].speed * problem.pools[pool].throughput[level]) * x;
                     *used.entry((pool, slot)).or_default() += f64::from(view.gpus) * x;
                     let add_kw = problem.run_load_kw(job, pool, level);
-                    load[site][slot] += add_kw * x;
                     gpu_load[site][slot] += add_kw * x;
                     if on {
                         warm_load[site][slot] += add_kw;
@@ -572,18 +572,22 @@ fn build_and_solve(
             }
             let e = b.add(def, warm_e);
             b.objective += (h * problem.grid_cost_g_per_kwh(site, slot)) * e;
-            let load_expr = std::mem::take(&mut load[site][slot]);
-            b.constraints.push((load_expr - e).leq(-base));
+            let gpu_expr = std::mem::take(&mut gpu_load[site][slot]);
+            let other_expr = std::mem::take(&mut load[site][slot]);
             // The loads GPU runs can draw are a lattice: where the surplus falls between two
             // of its points, the grid draw lies on or above the chord between them.
             let headroom_kw = -base - fixed_kw[site][slot];
-            if let Some(lattice) = lattices[site].as_deref()
-                && let Some((beta, at_kw)) = lattice_cut(lattice, headroom_kw)
-            {
-                let gpu_expr = std::mem::take(&mut gpu_load[site][slot]);
-                b.constraints
-                    .push((beta * gpu_expr - e).leq(beta * at_kw + LATTICE_CUT_SLACK_KW));
-            }
+            let cut = lattices[site]
+                .as_deref()
+                .and_then(|lattice| lattice_cut(lattice, headroom_kw));
+            let Some((beta, at_kw)) = cut else {
+                b.constraints.push((gpu_expr + other_expr - e).leq(-base));
+                continue;
+            };
+            b.constraints
+                .push((gpu_expr.clone() + other_expr - e).leq(-base));
+            b.constraints
+                .push((beta * gpu_expr - e).leq(beta * at_kw + LATTICE_CUT_SLACK_KW));
         }
     }
 
