@@ -196,7 +196,16 @@ pub struct RunOptions {
     pub direct: bool,
     /// Replaces each size's time limit (windfall's and the direct MILP's), seconds.
     pub time_limit_s: Option<f64>,
+    /// Seed of the instance draw.
+    pub seed: u64,
+    /// First hour of the horizon.
+    pub start_utc: chrono::DateTime<chrono::Utc>,
 }
+
+/// The seed of the published figures.
+pub const DEFAULT_SEED: u64 = 7;
+/// The start of the published figures' horizon.
+pub const DEFAULT_START_UTC: &str = "2022-06-01T00:00:00Z";
 
 /// One solve's figures.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -289,16 +298,14 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
         out: dir.path().to_path_buf(),
         data: data.to_path_buf(),
         zones,
-        start_utc: chrono::DateTime::parse_from_rfc3339("2022-06-01T00:00:00Z")
-            .expect("a valid time")
-            .with_timezone(&chrono::Utc),
+        start_utc: run.start_utc,
         days: (size.slots / 24) as u32,
         surplus: SurplusRule::Auto,
         jobs: size.jobs,
         gpus_per_site: 8,
         slack: (0.5, 3.0),
         migratable_share: 0.8,
-        seed: 7,
+        seed: run.seed,
     })?;
     let scenario = Scenario::load(dir.path())?;
     let (instance, _) = offline_instance(&scenario);
@@ -364,10 +371,12 @@ pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
     for size in &parsed {
         let label = size.label();
         eprintln!(
-            "size {label}: {} jobs x {} sites x {} slots, windfall limit {} s{}...",
+            "size {label}: {} jobs x {} sites x {} slots from {} (seed {}), windfall limit {} s{}...",
             size.jobs,
             size.sites,
             size.slots,
+            run.start_utc.format("%Y-%m-%d %H:%M UTC"),
+            run.seed,
             size.limit_s,
             size.direct_limit_s
                 .map_or(String::new(), |l| format!(", direct MILP limit {l} s"))
@@ -385,6 +394,11 @@ pub fn run(sizes: &[String], run: &RunOptions) -> Result<String> {
         if !run.direct {
             child.arg("--no-direct");
         }
+        child
+            .arg("--seed")
+            .arg(run.seed.to_string())
+            .arg("--start")
+            .arg(run.start_utc.to_rfc3339());
         let output = child
             .stderr(std::process::Stdio::inherit())
             .output()

@@ -657,3 +657,67 @@ fn scenario_build_names_a_zone_without_data() {
         "nothing is written on error"
     );
 }
+
+#[test]
+fn the_solver_benchmark_draws_other_seeds_and_seasons() {
+    let Some(data) = shared_data() else {
+        panic!("../shared/data not found: set WINDFALL_SHARED_DATA");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = |seed: &str, start: &str, out: &Path| {
+        let output = Command::new(env!("CARGO_BIN_EXE_windfall"))
+            .args(["bench", "solver", "--sizes", "6x2x24", "--no-direct"])
+            .args([
+                "--time-limit",
+                "1",
+                "--seed",
+                seed,
+                "--start",
+                start,
+                "--data",
+            ])
+            .arg(&data)
+            .arg("--save-instances")
+            .arg(out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "{stderr}");
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        assert!(stdout.contains("| 6x2x24 | 6 x 2 x 24 |"), "{stdout}");
+        let instance: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("bench-6x2x24.json")).unwrap())
+                .unwrap();
+        (stderr, instance)
+    };
+    let (said, winter) = bench("3", "2021-01-15T00:00:00Z", &tmp.path().join("a"));
+    assert!(
+        said.contains("from 2021-01-15 00:00 UTC (seed 3)"),
+        "{said}"
+    );
+    assert_eq!(winter["start_utc"], "2021-01-15T00:00:00Z");
+    let (_, other_seed) = bench("4", "2021-01-15T00:00:00Z", &tmp.path().join("b"));
+    assert_eq!(other_seed["start_utc"], "2021-01-15T00:00:00Z");
+    assert_ne!(
+        winter["jobs"], other_seed["jobs"],
+        "another seed draws other jobs"
+    );
+    // A start outside the traces is refused with the zone and the hour.
+    let output = Command::new(env!("CARGO_BIN_EXE_windfall"))
+        .args([
+            "bench",
+            "solver",
+            "--sizes",
+            "6x2x24",
+            "--no-direct",
+            "--time-limit",
+            "1",
+        ])
+        .args(["--start", "2030-01-01T00:00:00Z", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("2030-01-01"), "{err}");
+}
