@@ -301,9 +301,8 @@ pub enum BenchCommand {
         /// Leave out the direct MILP (it takes over 7 minutes on M).
         #[arg(long)]
         no_direct: bool,
-        /// Seed of the instance draw (jobs, their windows and sizes); the published figures use
-        /// the default. Other seeds and start times give instances the figures were not
-        /// measured on.
+        /// Seed of the instance draw (jobs, their windows and sizes, links). docs/benchmarks.md's
+        /// figures use the default unless a section names another draw.
         #[arg(long, default_value_t = crate::solver_bench::DEFAULT_SEED)]
         seed: u64,
         /// First hour of the instances' horizon, UTC (RFC 3339, on the hour), within the public
