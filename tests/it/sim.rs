@@ -702,7 +702,7 @@ fn the_solver_benchmark_draws_other_seeds_and_seasons() {
         winter["jobs"], other_seed["jobs"],
         "another seed draws other jobs"
     );
-    // A start outside the traces is refused with the zone and the hour.
+    // A start outside the traces is refused, naming the date.
     let output = Command::new(env!("CARGO_BIN_EXE_windfall"))
         .args([
             "bench",
