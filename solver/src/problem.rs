@@ -247,23 +247,33 @@ impl<'a> Problem<'a> {
             / 1000.0
     }
 
-    /// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends.
-    pub fn added_load_kw(&self, job: usize, runs: &[Slot]) -> BTreeMap<(usize, usize), f64> {
-        let mut added: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    /// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends,
+    /// by (site, slot), each pair once.
+    pub fn added_load_kw(&self, job: usize, runs: &[Slot]) -> Vec<((usize, usize), f64)> {
+        let mut added: Vec<((usize, usize), f64)> = Vec::with_capacity(runs.len() + 2);
         let mut previous = self.jobs[job].current_site;
         for run in runs {
             let site = self.pools[run.pool].site;
-            *added.entry((site, run.slot)).or_default() +=
-                self.run_load_kw(job, run.pool, run.level);
+            added.push(((site, run.slot), self.run_load_kw(job, run.pool, run.level)));
             if let Some(prev) = previous
                 && prev != site
             {
                 let kw = self.transfer_kwh(job) / self.slot_h;
-                *added.entry((prev, run.slot)).or_default() += kw;
-                *added.entry((site, run.slot)).or_default() += kw;
+                added.push(((prev, run.slot), kw));
+                added.push(((site, run.slot), kw));
             }
             previous = Some(site);
         }
+        // Stable, so a pair's loads add up in the order they came.
+        added.sort_by_key(|&(key, _)| key);
+        added.dedup_by(|later, kept| {
+            if later.0 == kept.0 {
+                kept.1 += later.1;
+                true
+            } else {
+                false
+            }
+        });
         added
     }
 
