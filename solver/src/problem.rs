@@ -247,8 +247,8 @@ impl<'a> Problem<'a> {
             / 1000.0
     }
 
-    /// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends,
-    /// by (site, slot), each pair once.
+    /// Load a job's runs add per (site, slot), kW, including checkpoint transfers at both ends:
+    /// sorted by (site, slot), each pair once.
     pub fn added_load_kw(&self, job: usize, runs: &[Slot]) -> Vec<((usize, usize), f64)> {
         let mut added: Vec<((usize, usize), f64)> = Vec::with_capacity(runs.len() + 2);
         let mut previous = self.jobs[job].current_site;
