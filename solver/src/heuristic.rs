@@ -487,33 +487,38 @@ pub(crate) fn best_placement(
     let most_levels = table.levels;
     let mut best: Option<(f64, Vec<Slot>)> = None;
     let mut options: Vec<(f64, Slot)> = Vec::new();
+    // Per pool of the table and power level, the cheapest cost per work hour with levels no
+    // deeper than that one: over a candidate's pools, times the job's work, a floor under
+    // every placement the candidate gives with those levels when every cost is non-negative.
+    // A candidate and level whose floor lies above the best cost found cannot beat it, so they
+    // are not costed: the same placement for a fraction of the work (docs/benchmarks.md).
     let width = view.window.len();
-    for allowed in &candidates {
-        // The cheapest cost per work hour of the candidate's options with power levels no
-        // deeper than each level: times the job's work, a floor under every placement it gives
-        // with those levels when every cost is non-negative. A candidate and level whose floor
-        // lies above the best cost found cannot beat it, so they are not costed: the same
-        // placement for a fraction of the work (measured in docs/benchmarks.md).
-        let mut cheapest_per_work = vec![f64::INFINITY; most_levels];
-        if table.nonnegative {
-            for &k in allowed {
-                for s in 0..width {
-                    let row = &table.per_work[(k * width + s) * most_levels..][..most_levels];
-                    for (level, &c) in row.iter().enumerate() {
-                        cheapest_per_work[level] = cheapest_per_work[level].min(c);
-                    }
+    let mut pool_floor = vec![f64::INFINITY; table.pools.len() * most_levels];
+    if table.nonnegative {
+        for (k, floors) in pool_floor.chunks_mut(most_levels).enumerate() {
+            for s in 0..width {
+                let row = &table.per_work[(k * width + s) * most_levels..][..most_levels];
+                for (floor, &c) in floors.iter_mut().zip(row) {
+                    *floor = floor.min(c);
                 }
             }
             for level in 1..most_levels {
-                cheapest_per_work[level] =
-                    cheapest_per_work[level].min(cheapest_per_work[level - 1]);
+                floors[level] = floors[level].min(floors[level - 1]);
             }
         }
+    }
+    for allowed in &candidates {
+        let cheapest_per_work = |level: usize| {
+            allowed
+                .iter()
+                .map(|&k| pool_floor[k * most_levels + level])
+                .fold(f64::INFINITY, f64::min)
+        };
         for deepest_level in (0..most_levels).rev() {
             let best_g = best.as_ref().map_or(f64::INFINITY, |(c, _)| *c);
             if table.nonnegative
                 && view.work_hours > 1e-9
-                && cheapest_per_work[deepest_level] * view.work_hours > best_g + 1e-6
+                && cheapest_per_work(deepest_level) * view.work_hours > best_g + 1e-6
             {
                 continue;
             }
