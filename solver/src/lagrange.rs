@@ -333,8 +333,8 @@ impl Grid {
     /// The grid with twice the units per slot (the coarse grid has none finer in this
     /// sequence), or `None` past [`MOST_REFINEMENT`]. Rationale: a caller whose budget
     /// still has room after [`final_bound`] refines while the last pricing was cheap; on the
-    /// benchmark's 1,000-job size the cell estimate picks 16 times finer (0.2 s), and 64 times
-    /// finer prices in another 0.5 s and lifts the bound by 0.25 kg.
+    /// benchmark's 1,000-job size the cell estimate picks 16 times finer (0.2 s), and the
+    /// doubling reaches 64 times finer with the three pricings in 1.0 s, 0.25 kg higher.
     pub(crate) fn doubled(self) -> Option<Grid> {
         match self {
             Grid::Coarse => None,
