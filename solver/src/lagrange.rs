@@ -334,7 +334,7 @@ impl Grid {
     /// sequence), or `None` past [`MOST_REFINEMENT`]. Rationale: a caller whose budget
     /// still has room after [`final_bound`] refines while the last pricing was cheap; on the
     /// benchmark's 1,000-job size the cell estimate picks 16 times finer (0.2 s), and the
-    /// doubling reaches 64 times finer with the three pricings in about 1.3 s, 0.25 kg higher.
+    /// doubling reaches 32 or 64 times finer as the run's speed allows, 0.21-0.25 kg higher.
     pub(crate) fn doubled(self) -> Option<Grid> {
         match self {
             Grid::Coarse => None,

@@ -742,16 +742,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             // Under a caller's budget, the grid is doubled while the pricings so far and the
             // next one (about twice the last) fit FINAL_REFINE_SHARE of it: the cell estimate
             // above overstates what the pricing floor leaves to price on many fleets.
-            let mut last_from = final_from;
             let mut best_grid = grid;
-            while let (Some(first), Some(from), Some(now), Some(finer)) =
-                (final_from, last_from, options.stop.passed(), grid.doubled())
+            let mut from = final_from;
+            while let (Some(first), Some(last), Some(now), Some(finer)) =
+                (final_from, from, options.stop.passed(), grid.doubled())
             {
-                let next = REFINE_GROWTH * (now - from);
+                let next = REFINE_GROWTH * (now - last);
                 if now - first + next > FINAL_REFINE_SHARE || now + next >= 1.0 {
                     break;
                 }
-                last_from = Some(now);
+                from = Some(now);
                 // A refinement past a job's least units need not nest in the last grid, so
                 // the best bound is kept, with the grid it came from.
                 match lagrange::bound_on_grid(&problem, &include, best, finer) {
@@ -1311,7 +1311,7 @@ fn neighbourhood_search(
     } else {
         usize::MAX
     };
-    let config = milp::MilpConfig {
+    let mut config = milp::MilpConfig {
         time_limit_s: NEIGHBOURHOOD_LIMIT_S,
         mip_rel_gap,
         relax: false,
@@ -1324,15 +1324,11 @@ fn neighbourhood_search(
         let mut improved = false;
         for group in &groups {
             // Each solve within what is left of a caller's budget.
-            let limit_s = NEIGHBOURHOOD_LIMIT_S.min(left_s());
-            if solves >= max_solves || stop() || limit_s < NEIGHBOURHOOD_LEAST_S {
+            config.time_limit_s = NEIGHBOURHOOD_LIMIT_S.min(left_s());
+            if solves >= max_solves || stop() || config.time_limit_s < NEIGHBOURHOOD_LEAST_S {
                 break 'rounds;
             }
             solves += 1;
-            let config = milp::MilpConfig {
-                time_limit_s: limit_s,
-                ..config.clone()
-            };
             let mut include = vec![false; problem.jobs.len()];
             for &j in group {
                 include[j] = true;
