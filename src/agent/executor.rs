@@ -231,7 +231,7 @@ impl Executor for LocalExecutor {
     }
 }
 
-/// Longest wait for a requeued job to be listed as pending before its start time is moved.
+/// Longest wait for a requeued job to be released from the start time Slurm gives it.
 const REQUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Slurm through its command-line tools. The batch script is the job's command; checkpoints are
@@ -267,11 +267,16 @@ impl SlurmExecutor {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
-    /// Waits, at most [`REQUEUE_WAIT`], until Slurm lists the job as pending.
-    fn wait_until_pending(job: &str, id: &str) {
+    /// Releases a requeued job from the start time Slurm gives it (about two minutes out):
+    /// waits, at most [`REQUEUE_WAIT`], until Slurm lists the job as pending, moves its start
+    /// time to now, and moves it again whenever Slurm sets a later one (a job that was still
+    /// ending when it was requeued gets a new start time once it has ended), until the job
+    /// runs, waits for something other than its start time, or the wait is over.
+    fn release_requeued(job: &str, id: &str) -> Result<(), ExecError> {
         let started = std::time::Instant::now();
+        let (mut pending, mut last_error) = (false, None);
         while started.elapsed() < REQUEUE_WAIT {
-            let state = Self::run(
+            let listed = Self::run(
                 job,
                 "squeue",
                 &[
@@ -279,14 +284,45 @@ impl SlurmExecutor {
                     "-j".into(),
                     id.into(),
                     "-o".into(),
-                    "%T".into(),
+                    "%T|%r|%S".into(),
                 ],
             )
             .unwrap_or_default();
+            let mut fields = listed.split('|');
+            let (state, reason, start) = (
+                fields.next().unwrap_or(""),
+                fields.next().unwrap_or(""),
+                fields.next().unwrap_or(""),
+            );
             if state == "PENDING" {
-                return;
+                pending = true;
+                let held_for_start = reason == "BeginTime" || (reason == "None" && start != "N/A");
+                if held_for_start {
+                    match Self::run(
+                        job,
+                        "scontrol",
+                        &[
+                            "update".into(),
+                            format!("JobId={id}"),
+                            "StartTime=now".into(),
+                        ],
+                    ) {
+                        Ok(_) => last_error = None,
+                        Err(e) => last_error = Some(e),
+                    }
+                } else if reason != "None" {
+                    // Waiting for resources or priority, like any other job.
+                    return Ok(());
+                }
+            } else if pending {
+                // Running, ending or gone after it was pending: released.
+                return Ok(());
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        match last_error {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -312,20 +348,8 @@ impl Executor for SlurmExecutor {
         if let Ok(id) = Self::slurm_id(job, &spec.dir)
             && Self::run(job, "scontrol", &["requeue".into(), id.clone()]).is_ok()
         {
-            // A requeued job otherwise waits about two minutes (BeginTime). A job whose script
-            // has ended but which Slurm still counts as ending is requeued only once it has
-            // ended, and that requeue sets the wait again: the start time is moved once the
-            // job is pending.
-            Self::wait_until_pending(job, &id);
-            Self::run(
-                job,
-                "scontrol",
-                &[
-                    "update".into(),
-                    format!("JobId={id}"),
-                    "StartTime=now".into(),
-                ],
-            )?;
+            // A requeued job otherwise waits about two minutes (BeginTime).
+            Self::release_requeued(job, &id)?;
             return Ok(());
         }
         let script_path = spec.dir.join("job.sh");
