@@ -289,6 +289,41 @@ pub(crate) fn grid_cells(problem: &Problem, include: &[bool], grid: Grid) -> f64
         .sum()
 }
 
+/// A Lagrangian value at fixed prices split into its terms: a constant (the capacity and power
+/// rows, the grid draws and the change costs) plus one term per job, the cost of its cheapest
+/// relaxed schedule. Any lower bound on a job's term keeps the sum a bound, so the terms of
+/// several relaxations at the same prices (finer grids, moves that lose work) combine job by
+/// job: [`BoundTerms::merge`] keeps each job's largest.
+#[derive(Clone, Debug)]
+pub(crate) struct BoundTerms {
+    constant_g: f64,
+    /// Per job: the largest lower bound on its term so far; 0 for a job left out.
+    job_g: Vec<f64>,
+    /// The jobs priced.
+    include: Vec<bool>,
+    /// The jobs whose cheapest relaxed schedule moved (ran at two sites, or first away from
+    /// the site its checkpoint is at) in some pricing merged: only those can gain from their
+    /// moves' losses ([`moves_bound`]).
+    moved: Vec<bool>,
+}
+
+impl BoundTerms {
+    /// The bound, g: a lower bound on every plan serving the jobs priced.
+    pub fn value_g(&self) -> f64 {
+        self.constant_g + self.job_g.iter().sum::<f64>()
+    }
+
+    /// Keeps each job's larger term (both at the same prices and over the same jobs).
+    pub fn merge(&mut self, other: &BoundTerms) {
+        for (mine, theirs) in self.job_g.iter_mut().zip(&other.job_g) {
+            *mine = mine.max(*theirs);
+        }
+        for (mine, theirs) in self.moved.iter_mut().zip(&other.moved) {
+            *mine |= *theirs;
+        }
+    }
+}
+
 /// The Lagrangian value at `prices` on the finest refinement of the fine grid whose
 /// programmes stay within `most_cells` (window slots x work units, summed over the jobs): a
 /// lower bound on every plan serving the jobs with `include[j]`, with the grid used; `None`
@@ -303,26 +338,138 @@ pub(crate) fn final_bound(
     include: &[bool],
     prices: &crate::heuristic::Prices,
     most_cells: f64,
-) -> Option<(f64, Grid)> {
+) -> Option<(BoundTerms, Grid)> {
     let grid = FINAL_REFINEMENTS
         .iter()
         .map(|&n| if n == 1 { Grid::Fine } else { Grid::Finer(n) })
         .find(|&g| grid_cells(problem, include, g) <= most_cells)?;
-    bound_on_grid(problem, include, prices, grid).map(|bound| (bound, grid))
+    bound_on_grid(problem, include, prices, grid).map(|terms| (terms, grid))
 }
 
-/// The Lagrangian value at `prices` on `grid`: a lower bound on every plan serving the jobs
-/// with `include[j]`; `None` when a job's relaxation cannot finish its work.
+/// The grid a job is priced on with its site as state ([`Moves::Real`], [`Moves::Bound`]), if
+/// it is: a migratable job with more than one site, no previous plan to stay close to and work
+/// to do, on `grid` when its site x work-unit states fit [`MOVING_STATES_MAX`] there; for
+/// [`Moves::Bound`] on the finest of `grid`, half of it, ..., down to the fine grid that fits.
+fn site_state_grid(problem: &Problem, job: usize, grid: Grid, moves: Moves) -> Option<Grid> {
+    let view = &problem.jobs[job];
+    let sites = problem.run_sites(job).len();
+    if moves == Moves::Free
+        || !view.migratable
+        || !problem.previous[job].is_empty()
+        || view.work_hours <= 1e-9
+        || sites <= 1
+    {
+        return None;
+    }
+    let mut at = grid;
+    loop {
+        if sites * (work_grid(problem, job, at).1 + 1) <= MOVING_STATES_MAX {
+            return Some(at);
+        }
+        at = match (moves, at) {
+            (Moves::Bound, Grid::Finer(n)) if n > 2 => Grid::Finer(n / 2),
+            (Moves::Bound, Grid::Finer(_)) => Grid::Fine,
+            _ => return None,
+        };
+    }
+}
+
+/// The Lagrangian value at `prices` on `grid`, by terms: a lower bound on every plan serving
+/// the jobs with `include[j]`; `None` when a job's relaxation cannot finish its work.
 pub(crate) fn bound_on_grid(
     problem: &Problem,
     include: &[bool],
     prices: &crate::heuristic::Prices,
     grid: Grid,
-) -> Option<f64> {
+) -> Option<BoundTerms> {
     let mut pricer = Pricer::new(problem, include, grid, false);
-    pricer
-        .price(&prices.gpu, &prices.kw, true)
-        .then_some(pricer.value_g)
+    if !pricer.price(&prices.gpu, &prices.kw, true) {
+        return None;
+    }
+    let job_g: Vec<f64> = (0..problem.jobs.len())
+        .map(|j| {
+            if include[j] {
+                pricer.job_value_g[j]
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let constant_g = pricer.value_g - job_g.iter().sum::<f64>();
+    let moved = (0..problem.jobs.len())
+        .map(|j| {
+            let runs = pricer.runs[j].as_deref().unwrap_or_default();
+            let site = |r: &Slot| problem.pools[r.pool].site;
+            runs.first().is_some_and(|first| {
+                problem.jobs[j]
+                    .current_site
+                    .is_some_and(|c| c != site(first))
+                    || runs.iter().any(|r| site(r) != site(first))
+            })
+        })
+        .collect();
+    Some(BoundTerms {
+        constant_g,
+        job_g,
+        include: include.to_vec(),
+        moved,
+    })
+}
+
+/// The jobs [`moves_bound`] prices on `grid`: those of `terms` whose free-move schedule moved
+/// and that may be priced with their site as state.
+fn movers(problem: &Problem, terms: &BoundTerms, grid: Grid) -> Vec<bool> {
+    (0..problem.jobs.len())
+        .map(|j| {
+            terms.include[j]
+                && terms.moved[j]
+                && site_state_grid(problem, j, grid, Moves::Bound).is_some()
+        })
+        .collect()
+}
+
+/// Programme cells (window slots x sites x work units) of [`moves_bound`] on `grid`.
+pub(crate) fn moves_cells(problem: &Problem, terms: &BoundTerms, grid: Grid) -> f64 {
+    let movers = movers(problem, terms, grid);
+    (0..problem.jobs.len())
+        .filter(|&j| movers[j])
+        .map(|j| {
+            let at = site_state_grid(problem, j, grid, Moves::Bound).unwrap_or(grid);
+            let sites = problem.run_sites(j).len() as f64;
+            problem.jobs[j].window.len() as f64 * sites * (work_grid(problem, j, at).1 + 1) as f64
+        })
+        .sum()
+}
+
+/// Raises the terms of `terms` (at `prices`) of the migratable jobs whose free-move schedule
+/// moved: each priced with its site as state, every move losing the least transfer time over
+/// its site pairs ([`Moves::Bound`]), on the finest of `grid` and its halvings its states fit.
+/// Every real schedule is a point of that relaxation, and free moves price a superset, so each
+/// job keeps the larger of its two terms (a job whose free-move schedule stays put would gain
+/// nothing on that grid). Jobs left when `stop` answers `true` keep theirs. Returns the jobs
+/// priced and the jobs it would price.
+pub(crate) fn moves_bound(
+    problem: &Problem,
+    prices: &crate::heuristic::Prices,
+    grid: Grid,
+    stop: &(dyn Fn() -> bool + Sync),
+    terms: &mut BoundTerms,
+) -> (usize, usize) {
+    let movers = movers(problem, terms, grid);
+    let candidates = movers.iter().filter(|&&m| m).count();
+    if candidates == 0 {
+        return (0, 0);
+    }
+    let mut pricer = Pricer::with_moves(problem, &movers, grid, Moves::Bound);
+    // A job whose moves cost work it cannot spare has no real schedule either; like a job
+    // left at the stop, it keeps its free-move term, which still bounds.
+    pricer.price_until(&prices.gpu, &prices.kw, true, stop);
+    let mut priced = 0;
+    for j in (0..movers.len()).filter(|&j| movers[j] && pricer.runs[j].is_some()) {
+        terms.job_g[j] = terms.job_g[j].max(pricer.job_value_g[j]);
+        priced += 1;
+    }
+    (priced, candidates)
 }
 
 /// Most refinement of the fine grid [`Grid::doubled`] gives (units stay within 16 bits
@@ -366,16 +513,31 @@ struct JobPricing {
     moving: Option<Moving>,
 }
 
-/// How a migratable job's moves are priced in the site-state programme (real pricing).
+/// How a migratable job's moves are priced in the site-state programme.
 #[derive(Clone, Debug)]
 struct Moving {
     /// One option group per site.
     site_groups: Vec<usize>,
     /// Where the job starts: index into its site groups, or none yet.
     start: Start,
-    /// Share of a slot's work lost in the slot a move arrives in: the most over its site pairs,
-    /// so the real programme's schedules do their work.
+    /// Share of a slot's work lost in the slot a move arrives in: for real pricing the most
+    /// over its site pairs, so the programme's schedules do their work; for bounds the least,
+    /// so every real schedule stays a point of the relaxation.
     loss_share: f64,
+}
+
+/// Which jobs a [`Pricer`] prices with their site as state, and how their moves count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moves {
+    /// Every job over all its sites at once, moves free (the subgradient ascent's relaxation).
+    Free,
+    /// Migratable jobs with their site as state, each move losing the most transfer time over
+    /// the job's site pairs, for real (rounded-down) pricing; bounds are priced with moves free.
+    Real,
+    /// Migratable jobs with their site as state, each move losing the least transfer time over
+    /// the job's site pairs, in bound (rounded-up) pricing as well: a relaxation that still
+    /// holds every real schedule, tighter than free moves ([`bound_on_grid`]).
+    Bound,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -588,6 +750,9 @@ fn price_job(
     Some(value)
 }
 
+/// A job's cheapest schedule and its cost at the prices, or `None` when it cannot finish.
+type JobPriced = Option<(f64, Vec<Slot>)>;
+
 /// The relaxed per-job programmes of a set of jobs, set up once and priced at any prices.
 ///
 /// After [`Pricer::price`], `value_g` is the Lagrangian value (a lower bound on every plan
@@ -607,6 +772,7 @@ pub(crate) struct Pricer<'p, 'a> {
     groups: Vec<GroupOptions>,
     group_slots: Vec<Vec<bool>>,
     jobs: Vec<JobPricing>,
+    moves: Moves,
     /// Threads that price the jobs (see [`pricing_threads`]); the answer does not depend on it.
     threads: usize,
     // Buffers.
@@ -630,6 +796,21 @@ impl<'p, 'a> Pricer<'p, 'a> {
         include: &[bool],
         grid: Grid,
         real: bool,
+    ) -> Pricer<'p, 'a> {
+        Pricer::with_moves(
+            problem,
+            include,
+            grid,
+            if real { Moves::Real } else { Moves::Free },
+        )
+    }
+
+    /// [`Pricer::new`] with the pricing of moves named.
+    pub fn with_moves(
+        problem: &'p Problem<'a>,
+        include: &[bool],
+        grid: Grid,
+        moves: Moves,
     ) -> Pricer<'p, 'a> {
         let n_sites = problem.inst.sites.len();
         let n_slots = problem.n_slots;
@@ -688,13 +869,9 @@ impl<'p, 'a> Pricer<'p, 'a> {
         for job in (0..problem.jobs.len()).filter(|&j| include[j]) {
             let view = &problem.jobs[job];
             let sites = problem.run_sites(job);
-            let (unit_h, units) = work_grid(problem, job, grid);
-            let moving = real
-                && view.migratable
-                && sites.len() > 1
-                && problem.previous[job].is_empty()
-                && view.work_hours > 1e-9
-                && sites.len() * (units + 1) <= MOVING_STATES_MAX;
+            let state_grid = site_state_grid(problem, job, grid, moves);
+            let (unit_h, units) = work_grid(problem, job, state_grid.unwrap_or(grid));
+            let moving = state_grid.is_some();
             let site_sets: Vec<Vec<usize>> = if view.migratable || sites.len() <= 1 {
                 vec![sites.clone()]
             } else {
@@ -751,11 +928,12 @@ impl<'p, 'a> Pricer<'p, 'a> {
             let job_groups = pool_sets.into_iter().map(&mut group_of).collect();
             let moving = moving.then(|| {
                 let from: Vec<usize> = sites.iter().copied().chain(view.current_site).collect();
-                let mut most = 0.0_f64;
+                let (mut least, mut most) = (f64::INFINITY, 0.0_f64);
                 for &a in &from {
                     for &b in &sites {
                         if a != b {
                             let share = (problem.transfer_s(job, a, b) / problem.slot_s).min(1.0);
+                            least = least.min(share);
                             most = most.max(share);
                         }
                     }
@@ -769,7 +947,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                             .position(|&s| s == c)
                             .map_or(Start::Elsewhere, Start::At),
                     },
-                    loss_share: most,
+                    loss_share: if moves == Moves::Bound { least } else { most },
                 }
             });
             jobs.push(JobPricing {
@@ -803,6 +981,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             group_slots,
             threads: pricing_threads(jobs.len()),
             jobs,
+            moves,
             points: Vec::new(),
             scratch: Scratch::new(n_slots),
             gpu_use: vec![vec![0.0; n_slots]; n_pools],
@@ -857,7 +1036,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
         lambda: &[Vec<f64>],
         round_up: bool,
         scratch: &mut Scratch,
-    ) -> Option<(f64, Vec<Slot>)> {
+    ) -> JobPriced {
         let problem = self.problem;
         let jp = &self.jobs[i];
         let job = jp.job;
@@ -869,7 +1048,8 @@ impl<'p, 'a> Pricer<'p, 'a> {
         scratch.best_picked.clear();
         scratch.best_picked.resize(window.len(), None);
         let mut best_value: Option<f64> = None;
-        if let Some(moving) = jp.moving.as_ref().filter(|_| !round_up) {
+        let site_state = !round_up || self.moves == Moves::Bound;
+        if let Some(moving) = jp.moving.as_ref().filter(|_| site_state) {
             let site_options: Vec<&[Vec<Option_>]> = moving
                 .site_groups
                 .iter()
@@ -881,14 +1061,14 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 gpus,
                 jp.unit_h,
                 jp.units,
-                false,
+                round_up,
                 moving.loss_share,
                 moving.start,
                 &mut scratch.dp,
                 &mut scratch.best_picked,
             );
         }
-        let alternatives = if jp.moving.is_some() && !round_up {
+        let alternatives = if jp.moving.is_some() && site_state {
             0
         } else {
             jp.groups.len().max(jp.own.len())
@@ -984,6 +1164,19 @@ impl<'p, 'a> Pricer<'p, 'a> {
     /// in `runs` then does its work except for a migratable job's transfer losses, but `value_g`
     /// bounds nothing.
     pub fn price(&mut self, mu: &[Vec<f64>], lambda: &[Vec<f64>], round_up: bool) -> bool {
+        self.price_until(mu, lambda, round_up, &|| false)
+    }
+
+    /// [`Pricer::price`], asking `stop` before each job: the jobs left when it answers `true`
+    /// get no schedule (`runs[j]` `None`), and then `value_g` bounds nothing and the answer is
+    /// `false`; each priced job's `job_value_g` still holds.
+    pub fn price_until(
+        &mut self,
+        mu: &[Vec<f64>],
+        lambda: &[Vec<f64>],
+        round_up: bool,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> bool {
         let problem = self.problem;
         let n_slots = problem.n_slots;
         let mut points = std::mem::take(&mut self.points);
@@ -1003,10 +1196,11 @@ impl<'p, 'a> Pricer<'p, 'a> {
         self.points = points;
         let n_jobs_in = self.jobs.len();
         let threads = self.threads.min(n_jobs_in).max(1);
-        let results: Vec<Option<(f64, Vec<Slot>)>> = if threads <= 1 {
+        // Per job: `None` when left at the stop, else its cheapest schedule if it can finish.
+        let results: Vec<Option<JobPriced>> = if threads <= 1 {
             let mut scratch = std::mem::take(&mut self.scratch);
             let results = (0..n_jobs_in)
-                .map(|i| self.price_one(i, mu, lambda, round_up, &mut scratch))
+                .map(|i| (!stop()).then(|| self.price_one(i, mu, lambda, round_up, &mut scratch)))
                 .collect();
             self.scratch = scratch;
             results
@@ -1022,7 +1216,11 @@ impl<'p, 'a> Pricer<'p, 'a> {
                         scope.spawn(move || {
                             let mut scratch = Scratch::new(n_slots);
                             (lo..(lo + chunk).min(n_jobs_in))
-                                .map(|i| this.price_one(i, mu, lambda, round_up, &mut scratch))
+                                .map(|i| {
+                                    (!stop()).then(|| {
+                                        this.price_one(i, mu, lambda, round_up, &mut scratch)
+                                    })
+                                })
                                 .collect::<Vec<_>>()
                         })
                     })
@@ -1037,7 +1235,8 @@ impl<'p, 'a> Pricer<'p, 'a> {
         let mut feasible = true;
         for (i, result) in results.into_iter().enumerate() {
             let job = self.jobs[i].job;
-            let Some((v, runs)) = result else {
+            let Some((v, runs)) = result.flatten() else {
+                self.runs[job] = None;
                 feasible = false;
                 continue;
             };
@@ -1429,8 +1628,9 @@ mod tests {
                 kw: ascent.kw_price,
             };
             for (prices, good) in [(&at_start, false), (&at_best, true)] {
-                let (bound, grid) =
+                let (mut terms, grid) =
                     final_bound(&problem, &include, prices, 1e7).expect("every job can finish");
+                let bound = terms.value_g();
                 assert_eq!(
                     grid,
                     Grid::Finer(16),
@@ -1443,14 +1643,24 @@ mod tests {
                 // The refinements a caller's budget may add stay bounds too.
                 let mut finer = grid.doubled();
                 while let Some(g) = finer.filter(|&g| g != Grid::Finer(256)) {
-                    let refined =
-                        bound_on_grid(&problem, &include, prices, g).expect("every job can finish");
+                    let refined = bound_on_grid(&problem, &include, prices, g)
+                        .expect("every job can finish")
+                        .value_g();
                     assert!(
                         refined <= optimum_g + tolerance,
                         "seed {seed} ({with_previous}), {g:?}: bound {refined} above the optimum {optimum_g}"
                     );
+                    terms.merge(&bound_on_grid(&problem, &include, prices, g).unwrap());
                     finer = g.doubled();
                 }
+                // The moves' least losses keep every merged term a bound.
+                let merged = terms.value_g();
+                moves_bound(&problem, prices, Grid::Finer(128), &|| false, &mut terms);
+                let with_moves = terms.value_g();
+                assert!(
+                    with_moves >= merged - tolerance && with_moves <= optimum_g + tolerance,
+                    "seed {seed} ({with_previous}): {merged} merged, {with_moves} with the moves' losses, optimum {optimum_g}"
+                );
                 // Prices near the dual optimum bound closely; those off a plan need not.
                 assert!(
                     !good || bound > 0.5 * optimum_g,
@@ -1460,5 +1670,83 @@ mod tests {
             compared += 1;
         }
         assert!(compared >= 8, "only {compared} instances were compared");
+    }
+
+    /// One migratable job, two sites whose clean hours alternate and a slow link: with moves
+    /// free its relaxation hops to every clean hour, but each move loses 40 % of a slot, so no
+    /// real schedule can. The moves' least losses lift the bound to the exact optimum's
+    /// neighbourhood and never past it.
+    #[test]
+    fn the_moves_losses_lift_the_bound_of_a_job_that_would_hop() {
+        let carbon = |clean_first: bool| -> Vec<f64> {
+            (0..6)
+                .map(|t| {
+                    if (t % 2 == 0) == clean_first {
+                        50.0
+                    } else {
+                        500.0
+                    }
+                })
+                .collect()
+        };
+        let site = |id: &str, clean_first: bool| {
+            serde_json::json!({
+                "id": id, "zone": id, "gpus": { "H100": 1 }, "pue": 1.0, "wan_gbps": 1.0,
+                "surplus_kw": vec![0.0; 6], "carbon_g_per_kwh": carbon(clean_first),
+            })
+        };
+        let instance = crate::Instance::from_json(
+            &serde_json::json!({
+                "start_utc": "2024-01-01T00:00:00Z", "slot_minutes": 60, "slots": 6,
+                "gpu_models": { "H100": {
+                    "power_levels_w": [700.0], "throughput": [1.0], "speed": 1.0, "idle_w": 0.0,
+                } },
+                "sites": [site("a", true), site("b", false)],
+                "jobs": [{
+                    "id": "hopper", "gpus": 1, "work_hours": 4.5,
+                    "release_utc": "2024-01-01T00:00:00Z", "deadline_utc": "2024-01-01T06:00:00Z",
+                    "checkpoint_gb": 150.0, "save_s": 120.0, "restore_s": 120.0,
+                    "migratable": true, "home_site": "a",
+                }],
+                "params": { "alpha": 1.0, "transfer_kwh_per_gb": 0.0 },
+            })
+            .to_string(),
+        )
+        .expect("a valid instance");
+        let problem = Problem::new(&instance);
+        let include = vec![true];
+        let pricer = Pricer::new(&problem, &include, Grid::Fine, false);
+        // The grid's carbon as the power price: the Lagrangian value is then the job's own
+        // emissions in its relaxation.
+        let prices = crate::heuristic::Prices {
+            gpu: vec![vec![0.0; 6]; problem.pools.len()],
+            kw: pricer.grid_g_per_kw.clone(),
+        };
+        let mut terms = bound_on_grid(&problem, &include, &prices, Grid::Finer(16)).unwrap();
+        let free = terms.value_g();
+        let (priced, candidates) =
+            moves_bound(&problem, &prices, Grid::Finer(16), &|| false, &mut terms);
+        let with_moves = terms.value_g();
+        let exact = crate::milp::solve(
+            &problem,
+            &include,
+            None,
+            None,
+            &crate::milp::MilpConfig {
+                time_limit_s: 30.0,
+                mip_rel_gap: 1e-9,
+                relax: false,
+                soft_work: false,
+                log: false,
+            },
+        )
+        .expect("the MILP runs");
+        assert!(exact.proven_optimal);
+        let optimum_g = problem.evaluate(&exact.schedule.unwrap()).objective_g;
+        assert_eq!((priced, candidates), (1, 1));
+        assert!(
+            with_moves > free + 100.0 && with_moves <= optimum_g + 1e-6 * optimum_g,
+            "free moves {free} g, with their losses {with_moves} g, optimum {optimum_g} g"
+        );
     }
 }

@@ -75,6 +75,11 @@ const FINAL_REFINE_SHARE: f64 = 0.05;
 /// the programmes' cells double and the options per slot stay the same (on the benchmark's
 /// 1,000-job size 16 times finer priced in 0.20 s, 32 times finer in 0.39 s).
 const REFINE_GROWTH: f64 = 2.0;
+/// Share of a caller's budget the final evaluation may spend, after its refinements, pricing
+/// the migratable jobs with their moves' losses (`lagrange::moves_bound`). Rationale: on the
+/// benchmark's 1,000-job size that pricing takes 0.4-0.9 s on the grids it fits and lifts the
+/// bound by about 0.3 kg at the same prices (docs/benchmarks.md).
+const MOVES_BOUND_SHARE: f64 = 0.03;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
 const RESTRICTED_MILP_SHARE: f64 = 0.2;
@@ -732,7 +737,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // fits: a tighter bound for one pricing.
         let final_from = options.stop.passed();
         if let Some(best) = prices.as_ref()
-            && let Some((mut bound, mut grid)) = lagrange::final_bound(
+            && let Some((mut terms, mut grid)) = lagrange::final_bound(
                 &problem,
                 &include,
                 best,
@@ -741,8 +746,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         {
             // Under a caller's budget, the grid is doubled while the pricings so far and the
             // next one (about twice the last) fit FINAL_REFINE_SHARE of it: the cell estimate
-            // above overstates what the pricing floor leaves to price on many fleets.
-            let mut best_grid = grid;
+            // above overstates what the pricing floor leaves to price on many fleets. Every
+            // pricing is at the same prices, so each job keeps its best term over the grids
+            // (a refinement past a job's least units need not nest in the last grid, and the
+            // coarser grids price more migratable jobs with their moves' losses).
             let mut from = final_from;
             while let (Some(first), Some(last), Some(now), Some(finer)) =
                 (final_from, from, options.stop.passed(), grid.doubled())
@@ -752,24 +759,40 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     break;
                 }
                 from = Some(now);
-                // A refinement past a job's least units need not nest in the last grid, so
-                // the best bound is kept, with the grid it came from.
                 match lagrange::bound_on_grid(&problem, &include, best, finer) {
-                    Some(finer_bound) if finer_bound > bound => {
-                        (bound, best_grid) = (finer_bound, finer)
-                    }
-                    Some(_) => {}
+                    Some(finer_terms) => terms.merge(&finer_terms),
                     None => break,
                 }
                 grid = finer;
             }
+            // The migratable jobs once more with their moves' least losses: under a budget
+            // until MOVES_BOUND_SHARE more of it has passed, job by job; without one when its
+            // cells fit the estimate the grid was chosen by.
+            let most_cells = lagrange::FINAL_CELLS_PER_LIMIT_S * options.time_limit_s.max(1.0);
+            let (movers_priced, movers) = match final_from {
+                Some(first) => {
+                    let end = (first + FINAL_REFINE_SHARE + MOVES_BOUND_SHARE).min(1.0);
+                    let stop = || options.stop.at(end);
+                    if stop() {
+                        (0, 0)
+                    } else {
+                        lagrange::moves_bound(&problem, best, grid, &stop, &mut terms)
+                    }
+                }
+                None if lagrange::moves_cells(&problem, &terms, grid) <= most_cells => {
+                    lagrange::moves_bound(&problem, best, grid, &|| false, &mut terms)
+                }
+                None => (0, 0),
+            };
+            let bound = terms.value_g();
             if dual_bound.is_none_or(|b| bound > b) {
                 dual_bound = Some(bound);
             }
             progress.report(|| {
                 format!(
-                    "bound at the best prices on the {} grid: {:.3} kg",
-                    match best_grid {
+                    "bound at the best prices, on grids up to {}, {movers_priced} of {movers} \
+                     moving job(s) with their moves' losses: {:.3} kg",
+                    match grid {
                         lagrange::Grid::Finer(n) => format!("{n} times finer"),
                         _ => "fine".to_string(),
                     },
