@@ -9,7 +9,11 @@
 //! whose migration penalties, transfer energy and lost time are dropped: each of them only adds
 //! cost or removes work), with every run's work rounded **up** to the grid. Every real schedule
 //! is a point of that relaxation, so the Lagrangian function is a lower bound on every plan
-//! serving the included jobs, for any non-negative prices, converged or not.
+//! serving the included jobs, for any non-negative prices, converged or not. The final
+//! evaluation keeps the value as a constant plus one term per job ([`BoundTerms`]), so pricings
+//! at the same prices combine job by job, and prices the migratable jobs that moved once more
+//! with their site as state, each move losing the least transfer time of their site pairs
+//! ([`moves_bound`]): still a relaxation of every real schedule.
 //!
 //! Without change costs a job's option costs are its GPU count times a per-GPU cost shared by
 //! every job with the same pools, so the options that no other beats on work and cost are found
