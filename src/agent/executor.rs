@@ -233,6 +233,14 @@ impl Executor for LocalExecutor {
 
 /// Longest wait for a requeued job to be released from the start time Slurm gives it.
 const REQUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long a requeued job stays pending before its start time is moved to now. Slurm revokes
+/// the credential of the run that ended, to the second; a rerun started within the same second
+/// is killed as "non-startable" (Job credential revoked), which is why Slurm itself waits
+/// about two minutes. (A start time moved into the near future instead would wait for the
+/// backfill scheduler, up to 30 s; moving it to now schedules the job at once.)
+const REQUEUE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+/// A requeued job's start time further out than this is Slurm's, not the one it was given.
+const REQUEUE_FAR_S: i64 = 10;
 
 /// Slurm through its command-line tools. The batch script is the job's command; checkpoints are
 /// asked for with `scancel --batch --signal` (a plain `--signal` reaches only job steps); a job
@@ -268,13 +276,14 @@ impl SlurmExecutor {
     }
 
     /// Releases a requeued job from the start time Slurm gives it (about two minutes out):
-    /// waits, at most [`REQUEUE_WAIT`], until Slurm lists the job as pending, moves its start
-    /// time to now, and moves it again whenever Slurm sets a later one (a job that was still
-    /// ending when it was requeued gets a new start time once it has ended), until the job
-    /// runs, waits for something other than its start time, or the wait is over.
+    /// waits, at most [`REQUEUE_WAIT`], until Slurm has listed the job as pending for
+    /// [`REQUEUE_SETTLE`], moves its start time to now, and moves it again whenever Slurm sets a
+    /// later one (a job that was still ending when it was requeued gets a new start time once
+    /// it has ended), until the job runs, waits for something other than its start time, or
+    /// the wait is over.
     fn release_requeued(job: &str, id: &str) -> Result<(), ExecError> {
         let started = std::time::Instant::now();
-        let (mut pending, mut last_error) = (false, None);
+        let (mut pending_since, mut moved, mut last_error) = (None, false, None);
         while started.elapsed() < REQUEUE_WAIT {
             let listed = Self::run(
                 job,
@@ -295,9 +304,20 @@ impl SlurmExecutor {
                 fields.next().unwrap_or(""),
             );
             if state == "PENDING" {
-                pending = true;
-                let held_for_start = reason == "BeginTime" || (reason == "None" && start != "N/A");
-                if held_for_start {
+                let since = *pending_since.get_or_insert_with(std::time::Instant::now);
+                // squeue prints times in the caller's local time.
+                let held_for_start =
+                    chrono::NaiveDateTime::parse_from_str(start, "%Y-%m-%dT%H:%M:%S").is_ok_and(
+                        |at| {
+                            at > chrono::Local::now().naive_local()
+                                + chrono::Duration::seconds(REQUEUE_FAR_S)
+                        },
+                    );
+                if held_for_start && moved {
+                    // Slurm set a new start time: the run may only just have ended.
+                    pending_since = Some(std::time::Instant::now());
+                    moved = false;
+                } else if held_for_start && since.elapsed() >= REQUEUE_SETTLE {
                     match Self::run(
                         job,
                         "scontrol",
@@ -307,14 +327,14 @@ impl SlurmExecutor {
                             "StartTime=now".into(),
                         ],
                     ) {
-                        Ok(_) => last_error = None,
+                        Ok(_) => (moved, last_error) = (true, None),
                         Err(e) => last_error = Some(e),
                     }
-                } else if reason != "None" {
+                } else if !held_for_start && reason != "None" && reason != "BeginTime" {
                     // Waiting for resources or priority, like any other job.
                     return Ok(());
                 }
-            } else if pending {
+            } else if pending_since.is_some() {
                 // Running, ending or gone after it was pending: released.
                 return Ok(());
             }
