@@ -434,13 +434,16 @@ fn movers(problem: &Problem, terms: &BoundTerms, grid: Grid) -> Vec<bool> {
 
 /// Programme cells (window slots x sites x work units) of [`moves_bound`] on `grid`.
 pub(crate) fn moves_cells(problem: &Problem, terms: &BoundTerms, grid: Grid) -> f64 {
-    let movers = movers(problem, terms, grid);
     (0..problem.jobs.len())
-        .filter(|&j| movers[j])
-        .map(|j| {
-            let at = site_state_grid(problem, j, grid, Moves::Bound).unwrap_or(grid);
+        .filter(|&j| terms.include[j] && terms.moved[j])
+        .filter_map(|j| {
+            let at = site_state_grid(problem, j, grid, Moves::Bound)?;
             let sites = problem.run_sites(j).len() as f64;
-            problem.jobs[j].window.len() as f64 * sites * (work_grid(problem, j, at).1 + 1) as f64
+            Some(
+                problem.jobs[j].window.len() as f64
+                    * sites
+                    * (work_grid(problem, j, at).1 + 1) as f64,
+            )
         })
         .sum()
 }
@@ -540,7 +543,7 @@ pub(crate) enum Moves {
     Real,
     /// Migratable jobs with their site as state, each move losing the least transfer time over
     /// the job's site pairs, in bound (rounded-up) pricing as well: a relaxation that still
-    /// holds every real schedule, tighter than free moves ([`bound_on_grid`]).
+    /// holds every real schedule, tighter than free moves ([`moves_bound`]).
     Bound,
 }
 
@@ -1647,14 +1650,14 @@ mod tests {
                 // The refinements a caller's budget may add stay bounds too.
                 let mut finer = grid.doubled();
                 while let Some(g) = finer.filter(|&g| g != Grid::Finer(256)) {
-                    let refined = bound_on_grid(&problem, &include, prices, g)
-                        .expect("every job can finish")
-                        .value_g();
+                    let refined_terms =
+                        bound_on_grid(&problem, &include, prices, g).expect("every job can finish");
+                    let refined = refined_terms.value_g();
                     assert!(
                         refined <= optimum_g + tolerance,
                         "seed {seed} ({with_previous}), {g:?}: bound {refined} above the optimum {optimum_g}"
                     );
-                    terms.merge(&bound_on_grid(&problem, &include, prices, g).unwrap());
+                    terms.merge(&refined_terms);
                     finer = g.doubled();
                 }
                 // The moves' least losses keep every merged term a bound.

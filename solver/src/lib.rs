@@ -77,8 +77,9 @@ const FINAL_REFINE_SHARE: f64 = 0.05;
 const REFINE_GROWTH: f64 = 2.0;
 /// Share of a caller's budget the final evaluation may spend, after its refinements, pricing
 /// the migratable jobs with their moves' losses (`lagrange::moves_bound`). Rationale: on the
-/// benchmark's 1,000-job size that pricing takes 0.4-0.9 s on the grids it fits and lifts the
-/// bound by about 0.3 kg at the same prices (docs/benchmarks.md).
+/// benchmark's 1,000-job size that pricing takes about 1.5 s for the 307 jobs whose free-move
+/// schedule moved, within what the refinements leave of their share plus this one, and lifts
+/// the bound by 0.30 kg at the same prices (docs/benchmarks.md).
 const MOVES_BOUND_SHARE: f64 = 0.03;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
@@ -736,13 +737,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // The best prices (the rounds' or the master's) once more on the finest work grid that
         // fits: a tighter bound for one pricing.
         let final_from = options.stop.passed();
+        let most_cells = lagrange::FINAL_CELLS_PER_LIMIT_S * options.time_limit_s.max(1.0);
         if let Some(best) = prices.as_ref()
-            && let Some((mut terms, mut grid)) = lagrange::final_bound(
-                &problem,
-                &include,
-                best,
-                lagrange::FINAL_CELLS_PER_LIMIT_S * options.time_limit_s.max(1.0),
-            )
+            && let Some((mut terms, mut grid)) =
+                lagrange::final_bound(&problem, &include, best, most_cells)
         {
             // Under a caller's budget, the grid is doubled while the pricings so far and the
             // next one (about twice the last) fit FINAL_REFINE_SHARE of it: the cell estimate
@@ -768,7 +766,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             // The migratable jobs once more with their moves' least losses: under a budget
             // until MOVES_BOUND_SHARE more of it has passed, job by job; without one when its
             // cells fit the estimate the grid was chosen by.
-            let most_cells = lagrange::FINAL_CELLS_PER_LIMIT_S * options.time_limit_s.max(1.0);
             let (movers_priced, movers) = match final_from {
                 Some(first) => {
                     let end = (first + FINAL_REFINE_SHARE + MOVES_BOUND_SHARE).min(1.0);

@@ -236,8 +236,9 @@ const REQUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 /// How long a requeued job stays pending before its start time is moved to now. Slurm revokes
 /// the credential of the run that ended, to the second; a rerun started within the same second
 /// is killed as "non-startable" (Job credential revoked), which is why Slurm itself waits
-/// about two minutes. (A start time moved into the near future instead would wait for the
-/// backfill scheduler, up to 30 s; moving it to now schedules the job at once.)
+/// about two minutes. (A start time moved 2 s into the future instead waited for the backfill
+/// scheduler: the one-node test cluster started the job 16-23 s after the requeue; moving it
+/// to now schedules the job at once.)
 const REQUEUE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 /// A requeued job's start time further out than this is Slurm's, not the one it was given.
 const REQUEUE_FAR_S: i64 = 10;
