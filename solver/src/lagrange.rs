@@ -770,8 +770,11 @@ pub(crate) struct Pricer<'p, 'a> {
     /// kW per GPU (net of idle) and work per slot, per pool and level.
     pool_kw: Vec<Vec<f64>>,
     pool_work: Vec<Vec<f64>>,
-    /// Power row bounds: surplus minus idle load, per site and slot, kW.
+    /// Power row bounds: surplus minus idle load (and minus the held jobs' load, see
+    /// [`Pricer::hold`]), per site and slot, kW.
     pub upper_kw: Vec<Vec<f64>>,
+    /// GPU row bounds: the pool's GPUs (less those the held jobs use), per pool and slot.
+    pub cap_gpus: Vec<Vec<f64>>,
     /// The grid draw's bound per site and slot, kW (infinite without a limit).
     pub grid_limit_kw: Vec<Vec<f64>>,
     /// The grid draw's cost per kW held for a slot, g.
@@ -982,6 +985,11 @@ impl<'p, 'a> Pricer<'p, 'a> {
             pool_kw,
             pool_work,
             upper_kw,
+            cap_gpus: problem
+                .pools
+                .iter()
+                .map(|p| vec![f64::from(p.gpus); n_slots])
+                .collect(),
             grid_limit_kw,
             grid_g_per_kw,
             groups,
@@ -998,6 +1006,26 @@ impl<'p, 'a> Pricer<'p, 'a> {
             runs: vec![None; n_jobs],
             grad_mu: vec![vec![0.0; n_slots]; n_pools],
             grad_lambda: vec![vec![0.0; n_slots]; n_sites],
+        }
+    }
+
+    /// Holds every job outside the priced set where `background` plans it: its GPUs come off
+    /// the pools' bounds and its load beyond idle (runs and checkpoint transfers) off the
+    /// sites' power bounds. The value is then the Lagrangian of the priced jobs' subproblem
+    /// with the rest fixed, a bound on that subproblem only.
+    pub fn hold(&mut self, include: &[bool], background: &Schedule) {
+        let problem = self.problem;
+        for (job, runs) in background.runs.iter().enumerate() {
+            let Some(runs) = runs.as_ref().filter(|_| !include[job]) else {
+                continue;
+            };
+            let gpus = f64::from(problem.jobs[job].gpus);
+            for run in runs {
+                self.cap_gpus[run.pool][run.slot] -= gpus;
+            }
+            for ((site, slot), kw) in problem.added_load_kw(job, runs) {
+                self.upper_kw[site][slot] -= kw;
+            }
         }
     }
 
@@ -1263,8 +1291,8 @@ impl<'p, 'a> Pricer<'p, 'a> {
         }
         // Capacity and power rows, and the grid draw's own minimum.
         for p in 0..problem.pools.len() {
-            let cap = f64::from(problem.pools[p].gpus);
             for t in 0..n_slots {
+                let cap = self.cap_gpus[p][t];
                 value -= mu[p][t] * cap;
                 let g = self.gpu_use[p][t] - cap;
                 self.grad_mu[p][t] = if mu[p][t] <= 0.0 { g.max(0.0) } else { g };

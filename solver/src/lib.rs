@@ -26,6 +26,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod colgen;
+mod exchange;
 mod heuristic;
 mod improve;
 pub mod instance;
@@ -98,11 +99,17 @@ const ROUNDS_SHARE: f64 = 0.93;
 /// fine iterations in 36 s lift it from 3,592.2 to 3,599.9 kg for about 1 kg of plan (M: 5.62-
 /// 5.68 % either way; measured in docs/benchmarks.md).
 const FINE_ROUNDS_SHARE: f64 = 0.5;
-/// Share of the time the Lagrangian rounds leave on large fleets under a budget that goes to
+/// Share of the time the column exchange leaves on large fleets under a budget that goes to
 /// the site MILPs (`sites`), before the local search, which gets the rest. Rationale: on a
 /// 166-job, 2-site fleet (the large path forced) the site MILPs took the plan from 31.8 to
 /// 31.1 kg; on M their gain is within the search's variance (docs/benchmarks.md).
 const SITE_SEARCH_SHARE: f64 = 0.4;
+/// Share of the time the Lagrangian rounds leave on large fleets under a budget that goes to
+/// the column exchange (`exchange`), before the site MILPs and the local search. Rationale: on
+/// the benchmark's 1,000-job size the exchange lowers the plan by about 1.7 kg in its 6 s and
+/// the search by about 1.4 kg in the 6 s after it, where the search alone gained 2.1 kg in 12
+/// s; the exchange ends early where its groups stop paying (docs/benchmarks.md).
+const EXCHANGE_SHARE: f64 = 0.5;
 /// Most randomised ruin-and-recreate moves (the budget ends them first on large fleets).
 const LNS_MOST_RUINS: usize = 1_000_000;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
@@ -538,8 +545,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     }
     let mut dual_bound: Option<f64> = None;
     let mut restricted_share = 0.0;
-    // The Lagrangian GPU prices, when there are any: what a GPU-slot is worth to other jobs.
-    let mut gpu_prices: Option<Vec<Vec<f64>>> = None;
+    // The Lagrangian prices at the best bound, when there are any: what a GPU-slot (and a kW)
+    // is worth to other jobs.
+    let mut best_prices: Option<heuristic::Prices> = None;
     // Column generation's plan can gain from the same rounds (they are cheap next to it).
     if large || (use_colgen && !proven_optimal) {
         // Rounds of subgradient ascent, each followed by a construction at the best prices so
@@ -561,6 +569,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 rel_gap: options.mip_rel_gap,
                 stop: &stop,
                 log: options.log,
+                hold_rest: false,
+                start: None,
+                real_each_round: true,
             };
             match master::solve(&problem, &include, &chosen, &config) {
                 Ok(outcome) => {
@@ -797,7 +808,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 )
             });
         }
-        gpu_prices = prices.map(|p| p.gpu);
+        best_prices = prices;
         let before = if large {
             start_name.clone()
         } else {
@@ -832,6 +843,33 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // ones the restricted master, RINS and the exact MILP in the time left re-plan every
         // job together.)
         if budgeted_search && !stop() {
+            let step_end_s = (1.0 - EXCHANGE_SHARE) * left_s();
+            let outcome = exchange::search(
+                &problem,
+                &chosen,
+                best_prices.as_ref(),
+                sub_gap,
+                &|| (left_s() - step_end_s).max(0.0),
+                &stop,
+            );
+            if outcome.improvements > 0
+                && problem.evaluate(&outcome.schedule).objective_g
+                    < problem.evaluate(&chosen).objective_g
+                && validate(
+                    instance,
+                    &problem.to_plan(&outcome.schedule, &named(&unserved)),
+                )
+                .valid
+            {
+                chosen = outcome.schedule;
+                method = format!(
+                    "{method}, then {} of {} column exchange(s) improved it",
+                    outcome.improvements, outcome.groups
+                );
+            }
+            progress.report(|| format!("column exchange: {:.3} kg", kg(&chosen)));
+        }
+        if budgeted_search && !stop() {
             let outcome = sites::search(
                 &problem,
                 &chosen,
@@ -863,7 +901,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let local = improve::improve(
             &problem,
             &chosen,
-            gpu_prices.as_deref(),
+            best_prices.as_ref().map(|p| p.gpu.as_slice()),
             &stop,
             ruins,
             !budgeted_search,

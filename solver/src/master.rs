@@ -42,6 +42,18 @@ pub(crate) struct MasterConfig<'a> {
     /// Asked between rounds; `true` ends the ascent with the best bound so far.
     pub stop: &'a dyn Fn() -> bool,
     pub log: bool,
+    /// Hold the jobs outside the included set where the seed plans them (their GPUs and load
+    /// come off the rows' bounds): the master then re-plans the included jobs around them, and
+    /// its bound holds for that subproblem only.
+    pub hold_rest: bool,
+    /// Prices to begin at (another step's best): each job's relaxed and real schedules at them
+    /// are the first columns besides the seed's, and they are the first centre of the
+    /// smoothing, so the rounds start near the dual optimum.
+    pub start: Option<&'a Prices>,
+    /// Price the jobs really at every round's duals (their schedules enter the LP too), or
+    /// only once, after the last round, for the restricted master. Real pricing of migratable
+    /// jobs tracks their site and costs many times a relaxed round.
+    pub real_each_round: bool,
 }
 
 pub(crate) struct MasterOutcome {
@@ -281,6 +293,30 @@ fn realize(
     None
 }
 
+/// Each job's cheapest real schedule at the prices (a relaxed answer that falls short of the
+/// work repaired by [`realize`]), for the jobs that have one.
+fn real_schedules(
+    problem: &Problem,
+    pricer: &mut Pricer,
+    jobs: &[usize],
+    mu: &[Vec<f64>],
+    lambda: &[Vec<f64>],
+) -> Vec<(usize, Vec<Slot>)> {
+    pricer.price(mu, lambda, false);
+    jobs.iter()
+        .filter_map(|&j| {
+            let runs = pricer.runs[j].clone()?;
+            if progress(problem, j, &runs)
+                .is_some_and(|(d, _)| d + 1e-9 >= problem.jobs[j].work_hours)
+            {
+                Some((j, runs))
+            } else {
+                realize(problem, j, &runs, mu, lambda).map(|real| (j, real))
+            }
+        })
+        .collect()
+}
+
 /// Runs column generation over the jobs with `include[j]`, every one of which `seed` serves
 /// (its schedules are the first columns, so the master is feasible from the start).
 pub(crate) fn solve(
@@ -297,6 +333,9 @@ pub(crate) fn solve(
         return Err("the seed plan must serve every included job".into());
     }
     let mut pricer = Pricer::new(problem, include, Grid::Fine, true);
+    if config.hold_rest {
+        pricer.hold(include, seed);
+    }
     let mut conv = vec![usize::MAX; problem.jobs.len()];
     for (i, &j) in jobs.iter().enumerate() {
         conv[j] = i;
@@ -309,8 +348,8 @@ pub(crate) fn solve(
         conv,
     };
     let mut upper: Vec<f64> = vec![1.0; n_in];
-    for pool in &problem.pools {
-        upper.extend(std::iter::repeat_n(f64::from(pool.gpus), n_slots));
+    for cap in &pricer.cap_gpus {
+        upper.extend(cap.iter().copied());
     }
     let mut grid_cols: Vec<(f64, f64, usize)> = Vec::new();
     for s in 0..n_sites {
@@ -340,6 +379,40 @@ pub(crate) fn solve(
         known.insert((j, runs.clone()));
         columns.push(layout.column(problem, j, runs, None));
     }
+    let constant_g = problem.change_constant_g();
+    let mut best_bound: Option<f64> = None;
+    let mut best_mu = vec![vec![0.0; n_slots]; n_pools];
+    let mut best_lambda = vec![vec![0.0; n_slots]; n_sites];
+    if let Some(start) = config.start
+        && pricer.price(&start.gpu, &start.kw, true)
+    {
+        best_bound = Some(pricer.value_g);
+        best_mu.clone_from(&start.gpu);
+        best_lambda.clone_from(&start.kw);
+        for &j in &jobs {
+            let Some(runs) = pricer.runs[j].clone() else {
+                continue;
+            };
+            if known.insert((j, runs.clone())) {
+                if let Some(real) = realize(problem, j, &runs, &start.gpu, &start.kw) {
+                    restricted.add(problem, j, real);
+                }
+                columns.push(layout.column(problem, j, runs, Some(&pricer)));
+            }
+        }
+        pricer.price(&start.gpu, &start.kw, false);
+        for &j in &jobs {
+            let Some(runs) = pricer.runs[j].clone() else {
+                continue;
+            };
+            let done = progress(problem, j, &runs)
+                .is_some_and(|(d, _)| d + 1e-9 >= problem.jobs[j].work_hours);
+            if done && known.insert((j, runs.clone())) {
+                restricted.add(problem, j, runs.clone());
+                columns.push(layout.column(problem, j, runs, None));
+            }
+        }
+    }
     let (mut pb, row_handles) = master_problem(n_in, &upper, &grid_cols);
     for c in &columns {
         pb.add_column(
@@ -359,16 +432,13 @@ pub(crate) fn solve(
     model.set_option("simplex_strategy", 4);
     model.set_option("presolve", "off");
 
-    let constant_g = problem.change_constant_g();
-    let mut best_bound: Option<f64> = None;
-    let mut best_mu = vec![vec![0.0; n_slots]; n_pools];
-    let mut best_lambda = vec![vec![0.0; n_slots]; n_sites];
     let mut mu_s = best_mu.clone();
     let mut lambda_s = best_lambda.clone();
     let mut converged = false;
     let mut rounds = 0;
     let mut lp_g;
     let mut weights: Vec<f64>;
+    let mut last_duals: Option<Prices> = None;
     loop {
         rounds += 1;
         let solved = model
@@ -465,30 +535,24 @@ pub(crate) fn solve(
         }
         let relaxed_new = new_columns.len();
         // Real pricing at the master's duals: schedules that do their work, for the LP and the
-        // restricted master.
-        pricer.price(&mu_m, &lambda_m, false);
-        for &j in &jobs {
-            let Some(runs) = pricer.runs[j].clone() else {
-                continue;
-            };
-            let runs = if progress(problem, j, &runs)
-                .is_some_and(|(d, _)| d + 1e-9 >= problem.jobs[j].work_hours)
-            {
-                runs
-            } else if let Some(real) = realize(problem, j, &runs, &mu_m, &lambda_m) {
-                real
-            } else {
-                continue;
-            };
-            if known.contains(&(j, runs.clone())) {
-                continue;
+        // restricted master; or, with `real_each_round` false, once after the last round.
+        if config.real_each_round {
+            for (j, runs) in real_schedules(problem, &mut pricer, &jobs, &mu_m, &lambda_m) {
+                if known.contains(&(j, runs.clone())) {
+                    continue;
+                }
+                let column = layout.column(problem, j, runs.clone(), None);
+                restricted.add(problem, j, runs.clone());
+                if reduced_cost_g(&column, &duals) < -REDUCED_COST_EPS_G {
+                    known.insert((j, runs));
+                    new_columns.push(column);
+                }
             }
-            let column = layout.column(problem, j, runs.clone(), None);
-            restricted.add(problem, j, runs.clone());
-            if reduced_cost_g(&column, &duals) < -REDUCED_COST_EPS_G {
-                known.insert((j, runs));
-                new_columns.push(column);
-            }
+        } else {
+            last_duals = Some(Prices {
+                gpu: mu_m,
+                kw: lambda_m,
+            });
         }
         let bound = best_bound.expect("priced at least once");
         if config.log {
@@ -509,6 +573,11 @@ pub(crate) fn solve(
         }
         model = grow(solved, &new_columns, &row_handles)?;
         columns.extend(new_columns);
+    }
+    if let Some(last) = last_duals {
+        for (j, runs) in real_schedules(problem, &mut pricer, &jobs, &last.gpu, &last.kw) {
+            restricted.add(problem, j, runs);
+        }
     }
     // Per job, its heaviest column in the last master solution.
     let mut heaviest: Vec<Option<(f64, usize)>> = vec![None; problem.jobs.len()];
@@ -700,6 +769,9 @@ pub(crate) mod tests {
                 rel_gap: 1e-9,
                 stop: &never,
                 log: false,
+                hold_rest: false,
+                start: None,
+                real_each_round: true,
             };
             let outcome = solve(&problem, &include, &start, &config).expect("master");
             let bound = outcome.bound_g.expect("every job can finish");
