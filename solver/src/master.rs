@@ -400,14 +400,8 @@ pub(crate) fn solve(
                 columns.push(layout.column(problem, j, runs, Some(&pricer)));
             }
         }
-        pricer.price(&start.gpu, &start.kw, false);
-        for &j in &jobs {
-            let Some(runs) = pricer.runs[j].clone() else {
-                continue;
-            };
-            let done = progress(problem, j, &runs)
-                .is_some_and(|(d, _)| d + 1e-9 >= problem.jobs[j].work_hours);
-            if done && known.insert((j, runs.clone())) {
+        for (j, runs) in real_schedules(problem, &mut pricer, &jobs, &start.gpu, &start.kw) {
+            if known.insert((j, runs.clone())) {
                 restricted.add(problem, j, runs.clone());
                 columns.push(layout.column(problem, j, runs, None));
             }
