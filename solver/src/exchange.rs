@@ -17,10 +17,12 @@ use crate::heuristic::Prices;
 use crate::master::{self, MasterConfig};
 use crate::problem::{Problem, Schedule};
 
-/// Most jobs one group holds. Rationale: on the benchmark's 1,000-job size groups of 112
-/// got 2-6 master rounds each in the seconds the bound leaves, and 7 of 19 improved the plan;
-/// groups of 50 get 10-40 rounds and about half of them improve it (docs/benchmarks.md).
-const GROUP_JOBS: usize = 50;
+/// Most jobs one group holds. Rationale: on the benchmark's 1,000-job size, with real
+/// pricing every round, groups of 112 got 2-6 master rounds each in the seconds the bound
+/// leaves and 7 of 19 improved the plan; with real pricing once, groups of 50 get 10-40
+/// rounds and about half improve it, and groups of 80 ended 0.4-0.7 kg lower than groups of
+/// 50 in two runs each (groups of 120 spread wider, 332.9-333.5 kg; docs/benchmarks.md).
+const GROUP_JOBS: usize = 80;
 /// Most master LP rounds per group.
 const MASTER_ROUNDS: usize = 40;
 /// Share of a group's seconds the master rounds may take; its restricted MILP gets the rest
@@ -31,8 +33,8 @@ const MASTER_SHARE: f64 = 0.3;
 const GROUP_LEAST_S: f64 = 0.3;
 /// Groups re-planned before the step may judge its yield, and the least share of them that
 /// must have lowered the plan for it to go on. Rationale: on the benchmark's 1,000-job size
-/// 19-27 of 27-41 groups (44-70 %) improved the plan; on its 10,000-job size, where 50 jobs
-/// by window are spread over 50 sites and rarely compete, 7 of 102 and 11 of 45 did, and the
+/// 19-27 of 27-41 groups (44-70 %) improved the plan; on its 10,000-job size, where a group's
+/// jobs by window are spread over 50 sites and rarely compete, 7 of 102 and 11 of 45 did, and the
 /// local search gains more in those seconds (docs/benchmarks.md).
 const YIELD_GROUPS: usize = 8;
 const YIELD_LEAST_SHARE: f64 = 1.0 / 3.0;
