@@ -543,6 +543,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
+    // From here the jobs left out are fixed: a step's plan replaces the chosen one when it
+    // costs less and the validator accepts it.
+    let unserved = unserved;
+    let improves = |candidate: &Schedule, chosen: &Schedule| {
+        problem.evaluate(candidate).objective_g < problem.evaluate(chosen).objective_g
+            && validate(instance, &problem.to_plan(candidate, &named(&unserved))).valid
+    };
     let mut dual_bound: Option<f64> = None;
     let mut restricted_share = 0.0;
     // The Lagrangian prices at the best bound, when there are any: what a GPU-slot (and a kW)
@@ -590,11 +597,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         &outcome.relaxed,
                         &stop,
                     );
-                    if failed.is_empty()
-                        && problem.evaluate(&priced).objective_g
-                            < problem.evaluate(&chosen).objective_g
-                        && validate(instance, &problem.to_plan(&priced, &named(&unserved))).valid
-                    {
+                    if failed.is_empty() && improves(&priced, &chosen) {
                         chosen = priced;
                         constructions += 1;
                     }
@@ -612,15 +615,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                             sub_gap,
                             options.log,
                         ) {
-                            Ok(Some(schedule))
-                                if problem.evaluate(&schedule).objective_g
-                                    < problem.evaluate(&chosen).objective_g
-                                    && validate(
-                                        instance,
-                                        &problem.to_plan(&schedule, &named(&unserved)),
-                                    )
-                                    .valid =>
-                            {
+                            Ok(Some(schedule)) if improves(&schedule, &chosen) => {
                                 chosen = schedule;
                                 master_summary.push_str(&format!(
                                     ", then a better plan from its {n_real} real schedules"
@@ -736,10 +731,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 &outcome.relaxed,
                 &|| options.stop.at(rounds_end),
             );
-            if failed.is_empty()
-                && problem.evaluate(&priced).objective_g < current
-                && validate(instance, &problem.to_plan(&priced, &named(&unserved))).valid
-            {
+            if failed.is_empty() && improves(&priced, &chosen) {
                 chosen = priced;
                 constructions += 1;
             }
@@ -852,15 +844,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 &|| (left_s() - step_end_s).max(0.0),
                 &stop,
             );
-            if outcome.improvements > 0
-                && problem.evaluate(&outcome.schedule).objective_g
-                    < problem.evaluate(&chosen).objective_g
-                && validate(
-                    instance,
-                    &problem.to_plan(&outcome.schedule, &named(&unserved)),
-                )
-                .valid
-            {
+            if outcome.improvements > 0 && improves(&outcome.schedule, &chosen) {
                 chosen = outcome.schedule;
                 method = format!(
                     "{method}, then {} of {} column exchange(s) improved it",
@@ -877,15 +861,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 sub_gap,
                 &stop,
             );
-            if outcome.improvements > 0
-                && problem.evaluate(&outcome.schedule).objective_g
-                    < problem.evaluate(&chosen).objective_g
-                && validate(
-                    instance,
-                    &problem.to_plan(&outcome.schedule, &named(&unserved)),
-                )
-                .valid
-            {
+            if outcome.improvements > 0 && improves(&outcome.schedule, &chosen) {
                 chosen = outcome.schedule;
                 method = format!(
                     "{method}, then {} of {} site MILP(s) improved it",
@@ -906,14 +882,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             ruins,
             !budgeted_search,
         );
-        if local.gain_g > 0.0
-            && problem.evaluate(&local.schedule).objective_g < problem.evaluate(&chosen).objective_g
-            && validate(
-                instance,
-                &problem.to_plan(&local.schedule, &named(&unserved)),
-            )
-            .valid
-        {
+        if local.gain_g > 0.0 && improves(&local.schedule, &chosen) {
             chosen = local.schedule;
             method = format!("{method}, then {} local-search move(s)", local.moves);
         }

@@ -370,6 +370,29 @@ impl<'a> Problem<'a> {
             .sum()
     }
 
+    /// Takes `jobs`' runs from `answer` (a re-plan of those jobs around the rest of
+    /// `current`) into `current` when that lowers its objective `current_g` (both updated);
+    /// `true` when it did.
+    pub(crate) fn adopt_if_lower(
+        &self,
+        current: &mut Schedule,
+        current_g: &mut f64,
+        answer: &Schedule,
+        jobs: &[usize],
+    ) -> bool {
+        let mut candidate = current.clone();
+        for &j in jobs {
+            candidate.runs[j] = answer.runs[j].clone();
+        }
+        let candidate_g = self.evaluate(&candidate).objective_g;
+        let lower = candidate_g < *current_g - 1e-9 * current_g.abs().max(1.0);
+        if lower {
+            *current = candidate;
+            *current_g = candidate_g;
+        }
+        lower
+    }
+
     /// Applies the accounting rules to a schedule.
     pub fn evaluate(&self, schedule: &Schedule) -> Evaluation {
         let n_sites = self.inst.sites.len();

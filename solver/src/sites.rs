@@ -108,14 +108,7 @@ pub(crate) fn search(
         let Some(schedule) = outcome.schedule.filter(|_| outcome.unserved.is_empty()) else {
             continue;
         };
-        let mut candidate = current.clone();
-        for &j in jobs {
-            candidate.runs[j] = schedule.runs[j].clone();
-        }
-        let candidate_g = problem.evaluate(&candidate).objective_g;
-        if candidate_g < current_g - 1e-9 * current_g.abs().max(1.0) {
-            current = candidate;
-            current_g = candidate_g;
+        if problem.adopt_if_lower(&mut current, &mut current_g, &schedule, jobs) {
             improvements += 1;
         }
     }
