@@ -657,6 +657,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // FINE_ROUNDS_SHARE of the way to ROUNDS_SHARE, leaving the rest to the local search.
         // The share of the budget at which the rounds end.
         let mut rounds_end = ROUNDS_SHARE;
+        // The relaxed schedules of the last round, when its prices are the best and the
+        // rounds ended before a construction at them.
+        let mut unbuilt: Option<Schedule> = None;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
@@ -701,8 +704,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kg(&chosen)
                 )
             });
-            if current - bound <= options.mip_rel_gap * current.abs() || options.stop.at(rounds_end)
-            {
+            if current - bound <= options.mip_rel_gap * current.abs() {
+                break;
+            }
+            if options.stop.at(rounds_end) {
+                unbuilt = improved_bound.then_some(outcome.relaxed);
                 break;
             }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
@@ -719,6 +725,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     rounds_end = passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed);
                 }
             } else if step_gone {
+                unbuilt = improved_bound.then_some(outcome.relaxed);
                 break;
             }
             if !improved_bound && constructions > 0 {
@@ -736,6 +743,24 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 constructions += 1;
             }
             progress.report(|| format!("construction at the prices: plan {:.3} kg", kg(&chosen)));
+        }
+        // A construction at the best prices when the rounds ended before one: which plan the
+        // rounds leave then does not hang on whether their last round ended in time for it.
+        if let (Some(relaxed), Some(best)) = (unbuilt, prices.as_ref())
+            && !stop()
+        {
+            let (priced, failed) =
+                heuristic::construct_priced(&problem, &skip_now, best, &relaxed, &stop);
+            if failed.is_empty() && improves(&priced, &chosen) {
+                chosen = priced;
+                constructions += 1;
+            }
+            progress.report(|| {
+                format!(
+                    "construction at the best prices: plan {:.3} kg",
+                    kg(&chosen)
+                )
+            });
         }
         // The best prices (the rounds' or the master's) once more on the finest work grid that
         // fits: a tighter bound for one pricing.
