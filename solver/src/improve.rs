@@ -171,7 +171,7 @@ impl<'p> State<'p> {
             .filter_map(|&j| self.lift(problem, j).map(|(runs, cost)| (j, runs, cost)))
             .collect();
         let order: Vec<usize> = before.iter().map(|(j, _, _)| *j).collect();
-        self.settle(problem, before, None, &order, congestion)
+        self.settle(problem, before, None, &order, congestion, false)
     }
 
     /// One ejection move for `job`; returns the objective change when it was kept.
@@ -195,13 +195,42 @@ impl<'p> State<'p> {
             }
         }
         holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        self.settle(problem, before, Some((job, target)), &holders, None)
+        self.settle(problem, before, Some((job, target)), &holders, None, false)
+    }
+
+    /// Serves `job`, which the plan leaves out: puts it where it would be cheapest if the GPUs
+    /// there were free, moves the jobs holding those GPUs out of the way and puts them back
+    /// where they are now cheapest. Kept when every one of them finds a place, whatever the
+    /// cost: a job served outweighs the grams. Returns whether the job is now served.
+    fn admit(&mut self, problem: &Problem, job: usize) -> bool {
+        if self.runs[job].is_some() {
+            return true;
+        }
+        self.residual.overbook = true;
+        let target = heuristic::best_placement(problem, &self.residual, job, true);
+        self.residual.overbook = false;
+        let Some((_, target)) = target else {
+            return false;
+        };
+        let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
+            return false;
+        };
+        let mut before = Vec::new();
+        for &h in &holders {
+            if let Some((runs, cost)) = self.lift(problem, h) {
+                before.push((h, runs, cost));
+            }
+        }
+        holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
+        self.settle(problem, before, Some((job, target)), &holders, None, true)
+            .is_some()
     }
 
     /// Finishes a move whose jobs `before` (with their old runs and costs) are out: puts `fixed`
     /// at its runs, then each of `others` in order where it is then cheapest (paying
     /// `congestion` when given). Keeps the result and returns the objective change when it is
-    /// lower; otherwise puts every job back as it was.
+    /// lower, or with `any_cost` when every job found a place; otherwise puts every job back as
+    /// it was.
     fn settle(
         &mut self,
         problem: &Problem,
@@ -209,6 +238,7 @@ impl<'p> State<'p> {
         fixed: Option<(usize, Vec<Slot>)>,
         others: &[usize],
         congestion: Option<&'p [Vec<f64>]>,
+        any_cost: bool,
     ) -> Option<f64> {
         let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
         let mut placed: Vec<usize> = Vec::new();
@@ -237,7 +267,7 @@ impl<'p> State<'p> {
             placed.push(j);
         }
         let delta = new_total - old_total;
-        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
+        if ok && (any_cost || delta < -1e-6 * old_total.abs().max(1.0)) {
             return Some(delta);
         }
         for j in placed {
@@ -546,6 +576,38 @@ fn random_moves<'p>(
     (moves, gain_g)
 }
 
+/// Most passes of [`admit`] over the jobs still left out.
+const ADMIT_PASSES: usize = 3;
+
+/// Serves what it can of `left_out` (jobs the plan `start` leaves out), each by an ejection
+/// move that places it and moves the jobs in its way elsewhere, in the given order, in passes
+/// until one serves none; `stop` ends it early. The plan's cost may rise: a job served
+/// outweighs the grams. Returns the plan and the jobs it now serves.
+pub(crate) fn admit(
+    problem: &Problem,
+    start: &Schedule,
+    left_out: &[usize],
+    stop: &(dyn Fn() -> bool + Sync),
+) -> (Schedule, Vec<usize>) {
+    let mut state = State::new(problem, start);
+    let mut served = Vec::new();
+    for _ in 0..ADMIT_PASSES {
+        let before = served.len();
+        for &job in left_out {
+            if stop() {
+                break;
+            }
+            if !served.contains(&job) && state.admit(problem, job) {
+                served.push(job);
+            }
+        }
+        if served.len() == before || served.len() == left_out.len() || stop() {
+            break;
+        }
+    }
+    (Schedule { runs: state.runs }, served)
+}
+
 /// What a local search did.
 pub(crate) struct Outcome {
     pub schedule: Schedule,
@@ -570,7 +632,7 @@ fn mix(a: u64, b: u64, c: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::master::tests::random_instance;
-    use crate::validate;
+    use crate::{Instance, validate};
 
     #[test]
     fn moves_lower_the_objective_by_what_they_account_for_and_plans_stay_valid() {
@@ -637,5 +699,79 @@ mod tests {
             }
         }
         assert!(moves > 0, "no instance gave the search a move to make");
+    }
+
+    /// One GPU over four slots, the middle two the cleanest: a plan that runs the long job
+    /// there leaves the short one (due by the end of slot 2) out; `admit` serves it by moving
+    /// the long job to the first slot.
+    #[test]
+    fn a_job_left_out_is_served_by_moving_the_job_in_its_way() {
+        let hour = |h: usize| format!("2023-06-01T{h:02}:00:00Z");
+        let value = serde_json::json!({
+            "start_utc": hour(0), "slot_minutes": 60, "slots": 4,
+            "gpu_models": { "H100": { "power_levels_w": [700], "throughput": [1.0],
+                                      "speed": 1.0, "idle_w": 50 } },
+            "sites": [{ "id": "a", "gpus": { "H100": 1 }, "pue": 1.2, "wan_gbps": 10.0,
+                        "surplus_kw": [0.0, 0.0, 0.0, 0.0],
+                        "carbon_g_per_kwh": [400.0, 100.0, 100.0, 500.0] }],
+            "jobs": [
+                { "id": "long", "gpus": 1, "work_hours": 2.0, "release_utc": hour(0),
+                  "deadline_utc": hour(4), "home_site": "a" },
+                { "id": "short", "gpus": 1, "work_hours": 1.0, "release_utc": hour(1),
+                  "deadline_utc": hour(3), "home_site": "a" }
+            ]
+        });
+        let instance = Instance::from_json(&value.to_string()).expect("a valid instance");
+        let problem = Problem::new(&instance);
+        let run = |slot| Slot {
+            slot,
+            pool: 0,
+            level: 0,
+        };
+        let start = Schedule {
+            runs: vec![Some(vec![run(1), run(2)]), None],
+        };
+        let (plan, served) = admit(&problem, &start, &[1], &|| false);
+        assert_eq!(served, vec![1]);
+        assert_eq!(plan.runs[0].as_deref().map(<[Slot]>::len), Some(2));
+        assert!(plan.runs[0].as_ref().is_some_and(|r| r.contains(&run(0))));
+        assert_eq!(plan.runs[1].as_deref().map(<[Slot]>::len), Some(1));
+        let check = validate(&instance, &problem.to_plan(&plan, &[]));
+        assert!(check.valid, "{:?}", check.violations);
+    }
+
+    /// On crowded random fleets, what `admit` serves passes the validator with the rest still
+    /// left out, and every job served before stays served.
+    #[test]
+    fn admitted_plans_stay_valid_and_keep_every_job_served() {
+        let never = || false;
+        let mut admitted = 0;
+        for seed in 0..12 {
+            let instance = random_instance(seed, 60, 2, 12);
+            let problem = Problem::new(&instance);
+            let skip = vec![false; problem.jobs.len()];
+            let (start, failed) = heuristic::construct(&problem, &skip, true, &never);
+            let left_out: Vec<usize> = failed.iter().map(|(j, _)| *j).collect();
+            let (plan, served) = admit(&problem, &start, &left_out, &never);
+            for j in 0..problem.jobs.len() {
+                if start.runs[j].is_some() || served.contains(&j) {
+                    assert!(plan.runs[j].is_some(), "seed {seed}: job {j} lost");
+                } else {
+                    assert!(plan.runs[j].is_none(), "seed {seed}: job {j} placed unsaid");
+                }
+            }
+            let unserved: Vec<crate::plan::Infeasible> = failed
+                .iter()
+                .filter(|(j, _)| !served.contains(j))
+                .map(|(j, reason)| crate::plan::Infeasible {
+                    job: instance.jobs[*j].id.clone(),
+                    reason: reason.clone(),
+                })
+                .collect();
+            let check = validate(&instance, &problem.to_plan(&plan, &unserved));
+            assert!(check.valid, "seed {seed}: {:?}", check.violations);
+            admitted += served.len();
+        }
+        assert!(admitted > 0, "no job left out was served on any seed");
     }
 }

@@ -543,9 +543,39 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
+    // The jobs the first plan leaves out, unless an exact MILP proved it right, each get an
+    // ejection move that serves them by moving the jobs in their way.
+    if !unserved.is_empty() && !proven_optimal && !stop() {
+        let left_out: Vec<usize> = unserved.iter().map(|(j, _)| *j).collect();
+        let (admitted, served) = improve::admit(&problem, &chosen, &left_out, &stop);
+        let still: Vec<(usize, String)> = unserved
+            .iter()
+            .filter(|(j, _)| !served.contains(j))
+            .cloned()
+            .collect();
+        if !served.is_empty()
+            && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid
+        {
+            chosen = admitted;
+            unserved = still;
+            method = format!(
+                "{method}, then {} job(s) it left out served by moving others",
+                served.len()
+            );
+        }
+        progress.report(|| {
+            format!(
+                "{} of {} job(s) left out now served: {:.3} kg",
+                left_out.len() - unserved.len(),
+                left_out.len(),
+                kg(&chosen)
+            )
+        });
+    }
     // From here the jobs left out are fixed: a step's plan replaces the chosen one when it
     // costs less and the validator accepts it.
     let unserved = unserved;
+    let fixed_served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
     let improves = |candidate: &Schedule, chosen: &Schedule| {
         problem.evaluate(candidate).objective_g < problem.evaluate(chosen).objective_g
             && validate(instance, &problem.to_plan(candidate, &named(&unserved))).valid
@@ -561,6 +591,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // far; each new plan sharpens the next round's step target.
         let include: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
         let skip_now: Vec<bool> = include.iter().map(|i| !i).collect();
+        // A construction at `prices`, guided by the relaxed schedules at them: its plan when
+        // it serves every job and improves on `chosen`.
+        let rebuild = |chosen: &Schedule,
+                       prices: &heuristic::Prices,
+                       relaxed: &Schedule,
+                       stop: &(dyn Fn() -> bool + Sync)| {
+            let (priced, failed) =
+                heuristic::construct_priced(&problem, &skip_now, prices, relaxed, stop);
+            (failed.is_empty() && improves(&priced, chosen)).then_some(priced)
+        };
         let mut prices: Option<heuristic::Prices> = None;
         let (mut iterations, mut constructions) = (0, 0);
         let mut fine_iterations = 0;
@@ -590,14 +630,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     );
                     dual_bound = outcome.bound_g;
                     master_converged = outcome.converged && outcome.bound_g.is_some();
-                    let (priced, failed) = heuristic::construct_priced(
-                        &problem,
-                        &skip_now,
-                        &outcome.prices,
-                        &outcome.relaxed,
-                        &stop,
-                    );
-                    if failed.is_empty() && improves(&priced, &chosen) {
+                    if let Some(priced) = rebuild(&chosen, &outcome.prices, &outcome.relaxed, &stop)
+                    {
                         chosen = priced;
                         constructions += 1;
                     }
@@ -707,38 +741,33 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             if current - bound <= options.mip_rel_gap * current.abs() {
                 break;
             }
-            if options.stop.at(rounds_end) {
-                unbuilt = improved_bound.then_some(outcome.relaxed);
-                break;
-            }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
             let stalled =
                 step_gone || previous.is_some_and(|b| bound - b < STALL_SHARE * (current - bound));
-            if stalled
-                && grid == lagrange::Grid::Coarse
-                && let Some(finer) = stalled_grid
-            {
+            // A stalled coarse round moves to the finer grid; the rounds end when their share
+            // of the budget has passed or the step has shrunk away on the last grid.
+            let finer = stalled_grid.filter(|_| stalled && grid == lagrange::Grid::Coarse);
+            if options.stop.at(rounds_end) || (step_gone && finer.is_none()) {
+                unbuilt = improved_bound.then_some(outcome.relaxed);
+                break;
+            }
+            if let Some(finer) = finer {
                 grid = finer;
                 scale = scale.max(MASTER_START_SCALE);
                 if budgeted_search {
                     let passed = options.stop.passed().unwrap_or(0.0);
                     rounds_end = passed + FINE_ROUNDS_SHARE * (ROUNDS_SHARE - passed);
                 }
-            } else if step_gone {
-                unbuilt = improved_bound.then_some(outcome.relaxed);
-                break;
             }
             if !improved_bound && constructions > 0 {
                 continue;
             }
-            let (priced, failed) = heuristic::construct_priced(
-                &problem,
-                &skip_now,
+            if let Some(priced) = rebuild(
+                &chosen,
                 prices.as_ref().expect("set with the bound"),
                 &outcome.relaxed,
                 &|| options.stop.at(rounds_end),
-            );
-            if failed.is_empty() && improves(&priced, &chosen) {
+            ) {
                 chosen = priced;
                 constructions += 1;
             }
@@ -749,9 +778,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         if let (Some(relaxed), Some(best)) = (unbuilt, prices.as_ref())
             && !stop()
         {
-            let (priced, failed) =
-                heuristic::construct_priced(&problem, &skip_now, best, &relaxed, &stop);
-            if failed.is_empty() && improves(&priced, &chosen) {
+            if let Some(priced) = rebuild(&chosen, best, &relaxed, &stop) {
                 chosen = priced;
                 constructions += 1;
             }
@@ -826,11 +853,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             });
         }
         best_prices = prices;
-        let before = if large {
-            start_name.clone()
-        } else {
-            method.clone()
-        };
+        let before = method.clone();
         let subgradient = if iterations > 0 {
             let fine = if fine_iterations > 0 {
                 format!(", {fine_iterations} on the fine grid")
@@ -1041,8 +1064,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
 
     // Lower bound over plans serving the same jobs: the best of the bounds that cover exactly
     // those jobs, then the LP relaxation over them (below). The MILP's covers every included
-    // job; column generation's and the Lagrangian's the jobs the heuristic served, which the
-    // later steps keep served; the exact MILP in the time left the jobs it was given.
+    // job; column generation's the jobs the heuristic served; the Lagrangian's those served
+    // once the jobs left out were fixed, which the later steps keep served; the exact MILP in
+    // the time left the jobs it was given.
     let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
     let as_heuristic_served =
         (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some());
@@ -1052,7 +1076,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         leftover_bound
             .filter(|(_, over)| *over == served)
             .map(|(bound, _)| bound),
-        dual_bound.filter(|_| as_heuristic_served),
+        dual_bound.filter(|_| served == fixed_served),
     ]
     .into_iter()
     .flatten()

@@ -46,10 +46,10 @@ pub(crate) struct MasterConfig<'a> {
     /// come off the rows' bounds): the master then re-plans the included jobs around them, and
     /// its bound holds for that subproblem only.
     pub hold_rest: bool,
-    /// Prices to begin at (another step's best): each job's relaxed schedule at them (and,
-    /// with `real_each_round`, its real one) is among the first columns besides the seed's,
-    /// the relaxed one made real by [`realize`] joins the restricted master, and they are the
-    /// first centre of the smoothing, so the rounds start near the dual optimum.
+    /// Prices to begin at (another step's best): each job's relaxed schedule at them is among
+    /// the first columns besides the seed's, made real by [`realize`] it joins the restricted
+    /// master, and they are the first centre of the smoothing, so the rounds start near the
+    /// dual optimum. The jobs are priced really only at the rounds' duals.
     pub start: Option<&'a Prices>,
     /// Price the jobs really at every round's duals (their schedules enter the LP too), or
     /// only once, after the last round, for the restricted master. Real pricing of migratable
@@ -401,20 +401,8 @@ pub(crate) fn solve(
                 columns.push(layout.column(problem, j, runs, Some(&pricer)));
             }
         }
-        // Real pricing at the start prices too only when every round prices really: it
-        // costs as much as many relaxed rounds, and the relaxed answers made real above are
-        // real schedules already.
-        let real = if config.real_each_round {
-            real_schedules(problem, &mut pricer, &jobs, &start.gpu, &start.kw)
-        } else {
-            Vec::new()
-        };
-        for (j, runs) in real {
-            if known.insert((j, runs.clone())) {
-                restricted.add(problem, j, runs.clone());
-                columns.push(layout.column(problem, j, runs, None));
-            }
-        }
+        // No real pricing at the start prices: it costs as much as many relaxed rounds, and
+        // the relaxed answers made real above are real schedules already.
     }
     let (mut pb, row_handles) = master_problem(n_in, &upper, &grid_cols);
     for c in &columns {
