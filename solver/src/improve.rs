@@ -177,25 +177,18 @@ impl<'p> State<'p> {
     /// One ejection move for `job`; returns the objective change when it was kept.
     fn eject(&mut self, problem: &Problem, job: usize) -> Option<f64> {
         let (old_runs, old_cost) = self.lift(problem, job)?;
-        self.residual.overbook = true;
-        let target = heuristic::best_placement(problem, &self.residual, job, true);
-        self.residual.overbook = false;
-        let holders = target
-            .as_ref()
-            .filter(|(_, runs)| *runs != old_runs)
-            .and_then(|(_, runs)| self.holders_in_the_way(problem, job, runs));
-        let (Some((_, target)), Some(mut holders)) = (target, holders) else {
-            self.place(problem, job, old_runs);
-            return None;
-        };
-        let mut before = vec![(job, old_runs, old_cost)];
-        for &h in &holders {
-            if let Some((runs, cost)) = self.lift(problem, h) {
-                before.push((h, runs, cost));
+        match self
+            .overbooked(problem, job)
+            .filter(|runs| *runs != old_runs)
+        {
+            Some(target) => {
+                self.make_way(problem, job, target, vec![(job, old_runs, old_cost)], false)
+            }
+            None => {
+                self.place(problem, job, old_runs);
+                None
             }
         }
-        holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        self.settle(problem, before, Some((job, target)), &holders, None, false)
     }
 
     /// Serves `job`, which the plan leaves out: puts it where it would be cheapest if the GPUs
@@ -206,24 +199,51 @@ impl<'p> State<'p> {
         if self.runs[job].is_some() {
             return true;
         }
+        self.overbooked(problem, job)
+            .and_then(|target| self.make_way(problem, job, target, Vec::new(), true))
+            .is_some()
+    }
+
+    /// Where `job`, out of the plan, would be cheapest if every GPU were free.
+    fn overbooked(&mut self, problem: &Problem, job: usize) -> Option<Vec<Slot>> {
         self.residual.overbook = true;
         let target = heuristic::best_placement(problem, &self.residual, job, true);
         self.residual.overbook = false;
-        let Some((_, target)) = target else {
-            return false;
-        };
+        target.map(|(_, runs)| runs)
+    }
+
+    /// Puts `job` (out of the plan) at `target`: lifts the jobs holding its GPU-slots there,
+    /// adds them to `before` (the jobs already out, with their old runs and costs) and puts
+    /// them back in deadline order with [`State::settle`]. When the way cannot be freed, puts
+    /// `before` back as it was and returns `None`.
+    fn make_way(
+        &mut self,
+        problem: &Problem,
+        job: usize,
+        target: Vec<Slot>,
+        mut before: Vec<(usize, Vec<Slot>, f64)>,
+        any_cost: bool,
+    ) -> Option<f64> {
         let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
-            return false;
+            for (j, runs, _) in before {
+                self.place(problem, j, runs);
+            }
+            return None;
         };
-        let mut before = Vec::new();
         for &h in &holders {
             if let Some((runs, cost)) = self.lift(problem, h) {
                 before.push((h, runs, cost));
             }
         }
         holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        self.settle(problem, before, Some((job, target)), &holders, None, true)
-            .is_some()
+        self.settle(
+            problem,
+            before,
+            Some((job, target)),
+            &holders,
+            None,
+            any_cost,
+        )
     }
 
     /// Finishes a move whose jobs `before` (with their old runs and costs) are out: puts `fixed`
