@@ -21,10 +21,13 @@
 //! iteration follows the jobs' windows (the useful variables), not jobs x sites x slots.
 //!
 //! The subgradient ascent prices on the work grid its caller names ([`DualConfig::grid`]): the
-//! coarse grid ([`Grid::Coarse`], 24 units per slot of fastest work) is cheap enough for many
-//! iterations on thousands of jobs; on the fine grid (60 units per slot), which the master LP
-//! uses, the rounding gains a run at most 1/60 of a slot's work: on the coarse grid a capped
-//! run can count as a full one, which loosens the bound by a few per cent. Even 1/60 per run
+//! coarse grid ([`Grid::Coarse`], 24 units per slot of fastest work, fewer for long jobs but at
+//! least 8) is cheap enough for many iterations on thousands of jobs; on the fine grid (60
+//! units per slot), which the master LP uses, the rounding gains a run at most 1/60 of a slot's
+//! work: on the coarse grid a capped run can gain up to 1/8, which loosens the bound by a few
+//! per cent. A unit is a whole fraction of a slot of the job's fastest full work wherever the
+//! job is long enough, so a run there counts exactly and only slower ones are rounded
+//! ([`work_grid`]). Even 1/60 per run
 //! adds up over a long job's runs, so the rounds after the coarse ones stall price on twice the
 //! fine grid where it fits, and the final evaluation at the best prices ([`final_bound`])
 //! prices once more on the finest refinement of the fine grid (up to 16 times finer) that fits
@@ -225,8 +228,8 @@ fn price_job_moving(
 /// A job's work grid in the pricing programmes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Grid {
-    /// [`Problem::work_grid_units`]: 24 units per slot of the job's fastest work, 24 to 240
-    /// units (the subgradient ascent's, cheap enough for thousands of jobs).
+    /// 24 units per slot of the job's fastest work, 24 to 240 units, and at least 8 units per
+    /// slot (the subgradient ascent's, cheap enough for thousands of jobs).
     Coarse,
     /// 60 units per slot of the job's fastest work, 24 to 4,000 units: a run's rounding gains
     /// it at most 1/60 of a slot's work.
@@ -238,6 +241,16 @@ pub(crate) enum Grid {
     Finer(u32),
 }
 
+/// Units per slot of fastest work of the coarse grid, and its most units unless a job's work
+/// spans more than COARSE_MOST_UNITS / COARSE_LEAST_UNITS_PER_SLOT slots.
+const COARSE_UNITS_PER_SLOT: f64 = 24.0;
+const COARSE_MOST_UNITS: f64 = 240.0;
+/// Fewest units per slot of fastest work of the coarse grid: a run's rounding gains it at most
+/// 1/8 of a slot's work however long the job. Rationale: with 15-minute slots a job of 10 hours
+/// had 6 units per slot under the cap alone, and the rounds' bound on the benchmark's 1,000-job
+/// size with 15-minute slots rose from 283.9 to 292.4 kg in 30 s (docs/benchmarks.md); on hourly
+/// slots no job of the benchmark spans 30 slots, so it changes nothing there.
+const COARSE_LEAST_UNITS_PER_SLOT: f64 = 8.0;
 /// Units per slot of fastest work of the fine grid.
 const FINE_UNITS_PER_SLOT: f64 = 60.0;
 /// Fewest and most units of a job's fine grid.
@@ -259,29 +272,48 @@ const FINAL_REFINEMENTS: [u32; 5] = [16, 8, 4, 2, 1];
 pub(crate) const FINAL_CELLS_PER_LIMIT_S: f64 = 3.5e6;
 
 /// A job's work grid: hours per unit and the units that reach its work.
+///
+/// Where the job's work spans the grid's fewest units or more, a unit is a whole fraction of a
+/// slot of its fastest full work: a run there counts exactly, and only slower runs (other GPU
+/// models, lower power levels) are rounded, up in the relaxations and down in real pricing, by
+/// less than a unit. Shorter jobs split their work into the grid's fewest units.
 fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
     let view = &problem.jobs[job];
     let fastest_h = problem.fastest_slot_h(job);
     if view.work_hours <= 1e-9 {
         return (1.0, 0);
     }
-    let refine = match grid {
-        Grid::Coarse => {
-            let units = problem.work_grid_units(job);
-            return (view.work_hours / units as f64, units);
-        }
-        Grid::Fine => 1.0,
-        Grid::Finer(n) => f64::from(n),
-    };
-    let units = if fastest_h > 0.0 {
-        (view.work_hours / fastest_h * FINE_UNITS_PER_SLOT * refine)
-            .ceil()
-            .clamp(FINE_LEAST_UNITS, FINE_MOST_UNITS * refine)
+    // Slots of the job's fastest full work.
+    let slots = if fastest_h > 0.0 {
+        view.work_hours / fastest_h
     } else {
-        FINE_MOST_UNITS * refine
+        f64::INFINITY
+    };
+    let (per_slot, least, most) = match grid {
+        Grid::Coarse => (
+            COARSE_UNITS_PER_SLOT,
+            COARSE_UNITS_PER_SLOT,
+            COARSE_MOST_UNITS.max((COARSE_LEAST_UNITS_PER_SLOT * slots).ceil()),
+        ),
+        Grid::Fine => (FINE_UNITS_PER_SLOT, FINE_LEAST_UNITS, FINE_MOST_UNITS),
+        Grid::Finer(n) => (
+            FINE_UNITS_PER_SLOT * f64::from(n),
+            FINE_LEAST_UNITS,
+            FINE_MOST_UNITS * f64::from(n),
+        ),
     };
     // The programmes keep units in 16 bits.
-    let units = (units as usize).min(usize::from(u16::MAX) - 1);
+    let most = most.min(f64::from(u16::MAX) - 2.0);
+    if !slots.is_finite() {
+        return (view.work_hours / most, most as usize);
+    }
+    let aligned = (most / slots).floor().min(per_slot);
+    if aligned >= 1.0 && aligned * slots >= least {
+        let unit_h = fastest_h / aligned;
+        let units = (view.work_hours / unit_h - 1e-9).ceil().max(1.0) as usize;
+        return (unit_h, units);
+    }
+    let units = (slots * per_slot).ceil().clamp(least, most) as usize;
     (view.work_hours / units as f64, units)
 }
 
