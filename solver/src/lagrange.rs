@@ -247,9 +247,10 @@ const COARSE_UNITS_PER_SLOT: f64 = 24.0;
 const COARSE_MOST_UNITS: f64 = 240.0;
 /// Fewest units per slot of fastest work of the coarse grid: a run's rounding gains it at most
 /// 1/8 of a slot's work however long the job. Rationale: with 15-minute slots a job of 10 hours
-/// had 6 units per slot under the cap alone, and the rounds' bound on the benchmark's 1,000-job
-/// size with 15-minute slots rose from 283.9 to 292.4 kg in 30 s (docs/benchmarks.md); on hourly
-/// slots no job of the benchmark spans 30 slots, so it changes nothing there.
+/// had 6 units per slot under the cap alone; on the benchmark's 1,000-job size with 15-minute
+/// slots the floor lifts the 30 s bound from 285.9 kg (aligned units alone) to 292.5 kg, where
+/// 24 units per slot left the plan no search (docs/benchmarks.md); on hourly slots no job of
+/// the benchmark spans 30 slots, so it changes nothing there.
 const COARSE_LEAST_UNITS_PER_SLOT: f64 = 8.0;
 /// Units per slot of fastest work of the fine grid.
 const FINE_UNITS_PER_SLOT: f64 = 60.0;
@@ -1650,6 +1651,58 @@ mod tests {
                 assert_eq!(r, runs, "{threads} threads");
             }
         }
+    }
+
+    /// Every grid's units reach the job's work (so real pricing does it) and fit 16 bits; where
+    /// a job spans the grid's fewest units, a slot of its fastest full work is a whole number of
+    /// units (so such a run counts exactly), and the coarse grid keeps at least 8 units per slot
+    /// of work however long the job.
+    #[test]
+    fn work_grids_reach_the_work_and_count_a_fastest_run_exactly() {
+        let mut instance = random_instance(3, 60, 4, 24);
+        for (j, job) in instance.jobs.iter_mut().enumerate() {
+            // From a minute's work to 120 slots of it, spread over the jobs.
+            job.work_hours = 0.02 * 1.15f64.powi(j as i32);
+        }
+        let problem = Problem::new(&instance);
+        let grids = [
+            (Grid::Coarse, 24.0_f64),
+            (Grid::Fine, 60.0),
+            (Grid::Finer(16), 960.0),
+            (Grid::Finer(1024), 61_440.0),
+        ];
+        let mut aligned = 0;
+        for job in 0..problem.jobs.len() {
+            let work_h = problem.jobs[job].work_hours;
+            let fastest_h = problem.fastest_slot_h(job);
+            let slots = work_h / fastest_h;
+            for (grid, per_slot) in grids {
+                let (unit_h, units) = work_grid(&problem, job, grid);
+                assert!(
+                    units >= 1 && units < usize::from(u16::MAX),
+                    "{grid:?}: {units} units"
+                );
+                assert!(
+                    units as f64 * unit_h >= work_h * (1.0 - 1e-9),
+                    "job {job}, {grid:?}: {units} units of {unit_h} h miss {work_h} h"
+                );
+                let per_fastest_slot = fastest_h / unit_h;
+                if slots * per_slot.min(f64::from(u16::MAX) / slots) >= 24.0 {
+                    assert!(
+                        (per_fastest_slot - per_fastest_slot.round()).abs() < 1e-6,
+                        "job {job}, {grid:?}: {per_fastest_slot} units per fastest slot"
+                    );
+                    aligned += 1;
+                }
+                if grid == Grid::Coarse && slots >= 1.0 {
+                    assert!(
+                        (8.0 - 1e-9..=24.0 + 1e-9).contains(&per_fastest_slot),
+                        "job {job}: {per_fastest_slot} coarse units per slot over {slots} slots"
+                    );
+                }
+            }
+        }
+        assert!(aligned > 0);
     }
 
     #[test]
