@@ -294,7 +294,11 @@ fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
         Grid::Coarse => (
             COARSE_UNITS_PER_SLOT,
             COARSE_UNITS_PER_SLOT,
-            COARSE_MOST_UNITS.max((COARSE_LEAST_UNITS_PER_SLOT * slots).ceil()),
+            if slots.is_finite() {
+                COARSE_MOST_UNITS.max((COARSE_LEAST_UNITS_PER_SLOT * slots).ceil())
+            } else {
+                COARSE_MOST_UNITS
+            },
         ),
         Grid::Fine => (FINE_UNITS_PER_SLOT, FINE_LEAST_UNITS, FINE_MOST_UNITS),
         Grid::Finer(n) => (
