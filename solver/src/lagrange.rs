@@ -284,34 +284,32 @@ fn work_grid(problem: &Problem, job: usize, grid: Grid) -> (f64, usize) {
     if view.work_hours <= 1e-9 {
         return (1.0, 0);
     }
-    // Slots of the job's fastest full work.
-    let slots = if fastest_h > 0.0 {
-        view.work_hours / fastest_h
-    } else {
-        f64::INFINITY
-    };
-    let (per_slot, least, most) = match grid {
+    // Units per slot of fastest work, fewest units, most units, and fewest units per slot of
+    // fastest work however long the job.
+    let (per_slot, least, most, least_per_slot) = match grid {
         Grid::Coarse => (
             COARSE_UNITS_PER_SLOT,
             COARSE_UNITS_PER_SLOT,
-            if slots.is_finite() {
-                COARSE_MOST_UNITS.max((COARSE_LEAST_UNITS_PER_SLOT * slots).ceil())
-            } else {
-                COARSE_MOST_UNITS
-            },
+            COARSE_MOST_UNITS,
+            COARSE_LEAST_UNITS_PER_SLOT,
         ),
-        Grid::Fine => (FINE_UNITS_PER_SLOT, FINE_LEAST_UNITS, FINE_MOST_UNITS),
+        Grid::Fine => (FINE_UNITS_PER_SLOT, FINE_LEAST_UNITS, FINE_MOST_UNITS, 0.0),
         Grid::Finer(n) => (
             FINE_UNITS_PER_SLOT * f64::from(n),
             FINE_LEAST_UNITS,
             FINE_MOST_UNITS * f64::from(n),
+            0.0,
         ),
     };
     // The programmes keep units in 16 bits.
-    let most = most.min(f64::from(u16::MAX) - 2.0);
-    if !slots.is_finite() {
+    let cap = f64::from(u16::MAX) - 2.0;
+    if fastest_h <= 0.0 {
+        let most = most.min(cap);
         return (view.work_hours / most, most as usize);
     }
+    // Slots of the job's fastest full work.
+    let slots = view.work_hours / fastest_h;
+    let most = most.max((least_per_slot * slots).ceil()).min(cap);
     let aligned = (most / slots).floor().min(per_slot);
     if aligned >= 1.0 && aligned * slots >= least {
         let unit_h = fastest_h / aligned;
@@ -1665,7 +1663,7 @@ mod tests {
     fn work_grids_reach_the_work_and_count_a_fastest_run_exactly() {
         let mut instance = random_instance(3, 60, 4, 24);
         for (j, job) in instance.jobs.iter_mut().enumerate() {
-            // From a minute's work to 120 slots of it, spread over the jobs.
+            // From about a minute's work to about 76 hours of it, spread over the jobs.
             job.work_hours = 0.02 * 1.15f64.powi(j as i32);
         }
         let problem = Problem::new(&instance);
