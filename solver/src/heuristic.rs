@@ -20,8 +20,8 @@ pub(crate) struct Residual<'p> {
     pub free: Vec<Vec<u32>>,
     /// When set, placements are costed at these prices instead of the exact marginal cost.
     prices: Option<&'p Prices>,
-    /// When set, placements may use GPUs that are taken (the target of an ejection move, whose
-    /// holders then make room); costs stay exact.
+    /// When set, placements may use GPUs that are taken and grid headroom that is drawn (the
+    /// target of an ejection move, whose holders then make room); costs stay exact.
     pub overbook: bool,
     /// When set (and `prices` is not), placements also pay these prices per GPU, per pool and
     /// slot, on top of the exact grid cost: the value of a GPU-slot another job could use.
@@ -77,7 +77,8 @@ impl<'p> Residual<'p> {
         let surplus = spec.surplus_kw[slot];
         let before = (self.load_kw[site][slot] - surplus).max(0.0);
         let after = (self.load_kw[site][slot] + add_kw - surplus).max(0.0);
-        if let Some(limit) = spec.grid_limit_kw
+        if !self.overbook
+            && let Some(limit) = spec.grid_limit_kw
             && after > limit + 1e-9
             && add_kw > 0.0
         {
@@ -87,6 +88,15 @@ impl<'p> Residual<'p> {
             return Some(add_kw * prices.kw[site][slot]);
         }
         Some((after - before) * problem.slot_h * problem.grid_cost_g_per_kwh(site, slot))
+    }
+
+    /// How far adding `add_kw` at a site and slot would take its grid draw past the site's
+    /// grid limit, kW (0 when it fits or the site has no limit).
+    pub fn over_limit_kw(&self, problem: &Problem, site: usize, slot: usize, add_kw: f64) -> f64 {
+        let spec = &problem.inst.sites[site];
+        spec.grid_limit_kw.map_or(0.0, |limit| {
+            (self.load_kw[site][slot] + add_kw - spec.surplus_kw[slot] - limit).max(0.0)
+        })
     }
 
     /// Cost of drawing one more kW for the slot at a site beyond its surplus, g: the power price

@@ -92,8 +92,10 @@ impl<'p> State<'p> {
     }
 
     /// Jobs to move out of the way so that `job` can run `target`, or `None` when that takes
-    /// more than [`MOST_HOLDERS`] or a slot cannot be freed. Holders with the most spare slots
-    /// in their windows go first: they have the most room to go elsewhere.
+    /// more than [`MOST_HOLDERS`] or a slot cannot be freed: holders of the GPUs it needs and,
+    /// where its load would take the site past its grid limit, jobs running at that site then
+    /// until their load makes the headroom. Holders with the most spare slots in their windows
+    /// go first: they have the most room to go elsewhere.
     fn holders_in_the_way(
         &self,
         problem: &Problem,
@@ -102,42 +104,78 @@ impl<'p> State<'p> {
     ) -> Option<Vec<usize>> {
         let gpus = problem.jobs[job].gpus;
         let mut out: Vec<usize> = Vec::new();
+        // The load a job's run in `slot` adds, kW.
+        let run_kw = |h: usize, slot: usize| -> f64 {
+            self.runs[h]
+                .iter()
+                .flatten()
+                .find(|r| r.slot == slot)
+                .map_or(0.0, |r| problem.run_load_kw(h, r.pool, r.level))
+        };
+        let spare = |h: usize| {
+            problem.jobs[h].window.len() as isize
+                - self.runs[h].as_ref().map_or(0, Vec::len) as isize
+        };
         for run in target {
-            let freed = |out: &[usize]| -> u32 {
+            let site = problem.pools[run.pool].site;
+            let freed_gpus = |out: &[usize]| -> u32 {
                 self.holders[run.pool][run.slot]
                     .iter()
                     .filter(|h| out.contains(h))
                     .map(|&h| problem.jobs[h].gpus)
                     .sum()
             };
-            let mut free = self.residual.free[run.pool][run.slot] + freed(&out);
-            if free >= gpus {
+            let at_site = || {
+                problem
+                    .pools
+                    .iter()
+                    .enumerate()
+                    .filter(move |(_, p)| p.site == site)
+                    .flat_map(|(pool, _)| self.holders[pool][run.slot].iter().copied())
+            };
+            let freed_kw = |out: &[usize]| -> f64 {
+                at_site()
+                    .filter(|h| out.contains(h))
+                    .map(|h| run_kw(h, run.slot))
+                    .sum()
+            };
+            let mut free = self.residual.free[run.pool][run.slot] + freed_gpus(&out);
+            let over_kw = self.residual.over_limit_kw(
+                problem,
+                site,
+                run.slot,
+                problem.run_load_kw(job, run.pool, run.level),
+            );
+            let mut short_kw = over_kw - freed_kw(&out);
+            if free >= gpus && short_kw <= 1e-9 {
                 continue;
             }
-            let mut candidates: Vec<usize> = self.holders[run.pool][run.slot]
-                .iter()
-                .copied()
-                .filter(|h| !out.contains(h))
-                .collect();
-            let spare = |h: usize| {
-                problem.jobs[h].window.len() as isize
-                    - self.runs[h].as_ref().map_or(0, Vec::len) as isize
-            };
+            // The holders of this pool's GPUs first, then (for headroom) the site's others.
+            let mut candidates: Vec<usize> = at_site().filter(|h| !out.contains(h)).collect();
             candidates.sort_by_key(|&h| {
                 (
+                    !self.holders[run.pool][run.slot].contains(&h),
                     std::cmp::Reverse(spare(h)),
                     std::cmp::Reverse(problem.jobs[h].window.end),
                     h,
                 )
             });
             for h in candidates {
-                if free >= gpus {
+                let gpu_short = free < gpus;
+                if !gpu_short && short_kw <= 1e-9 {
                     break;
                 }
-                free += problem.jobs[h].gpus;
+                let same_pool = self.holders[run.pool][run.slot].contains(&h);
+                if gpu_short && !same_pool && short_kw <= 1e-9 {
+                    continue;
+                }
+                if same_pool {
+                    free += problem.jobs[h].gpus;
+                }
+                short_kw -= run_kw(h, run.slot);
                 out.push(h);
             }
-            if free < gpus || out.len() > MOST_HOLDERS {
+            if free < gpus || short_kw > 1e-9 || out.len() > MOST_HOLDERS {
                 return None;
             }
         }
@@ -171,7 +209,7 @@ impl<'p> State<'p> {
             .filter_map(|&j| self.lift(problem, j).map(|(runs, cost)| (j, runs, cost)))
             .collect();
         let order: Vec<usize> = before.iter().map(|(j, _, _)| *j).collect();
-        self.settle(problem, before, None, &order, congestion, false)
+        self.settle(problem, before, None, &order, congestion)
     }
 
     /// One ejection move for `job`; returns the objective change when it was kept.
@@ -181,9 +219,7 @@ impl<'p> State<'p> {
             .overbooked(problem, job)
             .filter(|runs| *runs != old_runs)
         {
-            Some(target) => {
-                self.make_way(problem, job, target, vec![(job, old_runs, old_cost)], false)
-            }
+            Some(target) => self.make_way(problem, job, target, vec![(job, old_runs, old_cost)]),
             None => {
                 self.place(problem, job, old_runs);
                 None
@@ -192,16 +228,57 @@ impl<'p> State<'p> {
     }
 
     /// Serves `job`, which the plan leaves out: puts it where it would be cheapest if the GPUs
-    /// there were free, moves the jobs holding those GPUs out of the way and puts them back
-    /// where they are now cheapest. Kept when every one of them finds a place, whatever the
-    /// cost: a job served outweighs the grams. Returns whether the job is now served.
+    /// and grid headroom there were free, moves the jobs in its way out and puts them back
+    /// where they are now cheapest, or, where one finds no place, serves it the same way in
+    /// turn, up to [`ADMIT_DEPTH`] moves deep. Kept when every job moved finds a place,
+    /// whatever the cost: a job served outweighs the grams; otherwise the plan is left as it
+    /// was. Returns whether the job is now served.
     fn admit(&mut self, problem: &Problem, job: usize) -> bool {
         if self.runs[job].is_some() {
             return true;
         }
-        self.overbooked(problem, job)
-            .and_then(|target| self.make_way(problem, job, target, Vec::new(), true))
-            .is_some()
+        // Where it fits as the plan stands (other moves may have made room since it was left
+        // out).
+        if let Some(runs) = self.best(problem, job, None)
+            && self.cost_g(problem, job, &runs).is_some()
+        {
+            self.place(problem, job, runs);
+            return true;
+        }
+        let before = self.clone();
+        if self.admit_within(problem, job, ADMIT_DEPTH) {
+            return true;
+        }
+        *self = before;
+        false
+    }
+
+    /// [`State::admit`]'s move for `job` (out of the plan) with `depth` more levels left; on
+    /// failure the state is left part-way and the caller restores it.
+    fn admit_within(&mut self, problem: &Problem, job: usize, depth: usize) -> bool {
+        let Some(target) = self.overbooked(problem, job) else {
+            return false;
+        };
+        let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
+            return false;
+        };
+        for &h in &holders {
+            self.lift(problem, h);
+        }
+        if self.cost_g(problem, job, &target).is_none() {
+            return false;
+        }
+        self.place(problem, job, target);
+        holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
+        holders.into_iter().all(|h| {
+            if let Some(runs) = self.best(problem, h, None)
+                && self.cost_g(problem, h, &runs).is_some()
+            {
+                self.place(problem, h, runs);
+                return true;
+            }
+            depth > 0 && self.admit_within(problem, h, depth - 1)
+        })
     }
 
     /// Where `job`, out of the plan, would be cheapest if every GPU were free.
@@ -212,17 +289,17 @@ impl<'p> State<'p> {
         target.map(|(_, runs)| runs)
     }
 
-    /// Puts `job` (out of the plan) at `target`: lifts the jobs holding its GPU-slots there,
-    /// adds them to `before` (the jobs already out, with their old runs and costs) and puts
-    /// them back in deadline order with [`State::settle`]. When the way cannot be freed, puts
-    /// `before` back as it was and returns `None`.
+    /// Puts `job` (out of the plan) at `target`: lifts the jobs in its way there (their
+    /// GPU-slots or grid headroom, [`State::holders_in_the_way`]), adds them to `before` (the
+    /// jobs already out, with their old runs and costs) and puts them back in deadline order
+    /// with [`State::settle`]. When the way cannot be freed, puts `before` back as it was and
+    /// returns `None`.
     fn make_way(
         &mut self,
         problem: &Problem,
         job: usize,
         target: Vec<Slot>,
         mut before: Vec<(usize, Vec<Slot>, f64)>,
-        any_cost: bool,
     ) -> Option<f64> {
         let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
             for (j, runs, _) in before {
@@ -236,21 +313,13 @@ impl<'p> State<'p> {
             }
         }
         holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        self.settle(
-            problem,
-            before,
-            Some((job, target)),
-            &holders,
-            None,
-            any_cost,
-        )
+        self.settle(problem, before, Some((job, target)), &holders, None)
     }
 
     /// Finishes a move whose jobs `before` (with their old runs and costs) are out: puts `fixed`
     /// at its runs, then each of `others` in order where it is then cheapest (paying
     /// `congestion` when given). Keeps the result and returns the objective change when it is
-    /// lower, or with `any_cost` when every job found a place; otherwise puts every job back as
-    /// it was.
+    /// lower; otherwise puts every job back as it was.
     fn settle(
         &mut self,
         problem: &Problem,
@@ -258,7 +327,6 @@ impl<'p> State<'p> {
         fixed: Option<(usize, Vec<Slot>)>,
         others: &[usize],
         congestion: Option<&'p [Vec<f64>]>,
-        any_cost: bool,
     ) -> Option<f64> {
         let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
         let mut placed: Vec<usize> = Vec::new();
@@ -287,7 +355,7 @@ impl<'p> State<'p> {
             placed.push(j);
         }
         let delta = new_total - old_total;
-        if ok && (any_cost || delta < -1e-6 * old_total.abs().max(1.0)) {
+        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
             return Some(delta);
         }
         for j in placed {
@@ -598,6 +666,9 @@ fn random_moves<'p>(
 
 /// Most passes of [`admit`] over the jobs still left out.
 const ADMIT_PASSES: usize = 3;
+/// How many moves deep an admission may go: a job it moves that finds no place is served
+/// by a move of its own.
+const ADMIT_DEPTH: usize = 2;
 
 /// Serves what it can of `left_out` (jobs the plan `start` leaves out), each by an ejection
 /// move that places it and moves the jobs in its way elsewhere, in the given order, in passes
@@ -762,6 +833,94 @@ mod tests {
 
     /// On crowded random fleets, what `admit` serves passes the validator with the rest still
     /// left out, and every job served before stays served.
+    /// A one-site instance over four hourly slots with `gpus` single-level H100s (700 W, 50
+    /// W idle, PUE 1), the given carbon, grid limit and jobs (id, work hours, release hour,
+    /// deadline hour).
+    fn one_site(
+        gpus: u32,
+        carbon: [f64; 4],
+        grid_limit_kw: Option<f64>,
+        jobs: &[(&str, f64, usize, usize)],
+    ) -> Instance {
+        let hour = |h: usize| format!("2023-06-01T{h:02}:00:00Z");
+        let jobs: Vec<serde_json::Value> = jobs
+            .iter()
+            .map(|&(id, work, release, deadline)| {
+                serde_json::json!({ "id": id, "gpus": 1, "work_hours": work,
+                    "release_utc": hour(release), "deadline_utc": hour(deadline),
+                    "home_site": "a" })
+            })
+            .collect();
+        let value = serde_json::json!({
+            "start_utc": hour(0), "slot_minutes": 60, "slots": 4,
+            "gpu_models": { "H100": { "power_levels_w": [700], "throughput": [1.0],
+                                      "speed": 1.0, "idle_w": 50 } },
+            "sites": [{ "id": "a", "gpus": { "H100": gpus }, "pue": 1.0, "wan_gbps": 10.0,
+                        "grid_limit_kw": grid_limit_kw,
+                        "surplus_kw": [0.0, 0.0, 0.0, 0.0], "carbon_g_per_kwh": carbon }],
+            "jobs": jobs
+        });
+        Instance::from_json(&value.to_string()).expect("a valid instance")
+    }
+
+    fn at(slot: usize) -> Slot {
+        Slot {
+            slot,
+            pool: 0,
+            level: 0,
+        }
+    }
+
+    #[test]
+    fn a_job_kept_out_by_grid_headroom_alone_is_served_by_moving_the_job_drawing_it() {
+        // Two GPUs, but the limit (0.8 kW against 0.1 kW idle and 0.65 kW per run) lets only
+        // one job run at a time; "long" holds the two slots "short" may use.
+        let instance = one_site(
+            2,
+            [400.0, 100.0, 100.0, 500.0],
+            Some(0.8),
+            &[("long", 2.0, 0, 4), ("short", 1.0, 1, 3)],
+        );
+        let problem = Problem::new(&instance);
+        let start = Schedule {
+            runs: vec![Some(vec![at(1), at(2)]), None],
+        };
+        let (plan, served) = admit(&problem, &start, &[1], &|| false);
+        assert_eq!(served, vec![1]);
+        let long = plan.runs[0].as_deref().expect("long stays served");
+        let short = plan.runs[1].as_deref().expect("short is served");
+        assert_eq!((long.len(), short.len()), (2, 1));
+        assert!(
+            !long.contains(&short[0]),
+            "two runs at once break the limit"
+        );
+        let check = validate(&instance, &problem.to_plan(&plan, &[]));
+        assert!(check.valid, "{:?}", check.violations);
+    }
+
+    #[test]
+    fn a_job_in_the_way_that_finds_no_place_is_served_by_a_move_of_its_own() {
+        // One GPU. "c" may only run in slot 1, held by "a", whose only other slot (0) "b"
+        // holds; "b" may go to slot 3. One move deep serves "c": "a" to 0, "b" to 3.
+        let instance = one_site(
+            1,
+            [100.0, 300.0, 400.0, 200.0],
+            None,
+            &[("a", 1.0, 0, 2), ("b", 1.0, 0, 4), ("c", 1.0, 1, 2)],
+        );
+        let problem = Problem::new(&instance);
+        let start = Schedule {
+            runs: vec![Some(vec![at(1)]), Some(vec![at(0)]), None],
+        };
+        let (plan, served) = admit(&problem, &start, &[2], &|| false);
+        assert_eq!(served, vec![2]);
+        assert_eq!(plan.runs[0].as_deref(), Some(&[at(0)][..]));
+        assert_eq!(plan.runs[1].as_deref(), Some(&[at(3)][..]));
+        assert_eq!(plan.runs[2].as_deref(), Some(&[at(1)][..]));
+        let check = validate(&instance, &problem.to_plan(&plan, &[]));
+        assert!(check.valid, "{:?}", check.violations);
+    }
+
     #[test]
     fn admitted_plans_stay_valid_and_keep_every_job_served() {
         let never = || false;

@@ -112,6 +112,10 @@ const SITE_SEARCH_SHARE: f64 = 0.4;
 const EXCHANGE_SHARE: f64 = 0.5;
 /// Most randomised ruin-and-recreate moves (the budget ends them first on large fleets).
 const LNS_MOST_RUINS: usize = 1_000_000;
+/// With jobs left out, the share of a caller's budget the large fleets' local search leaves
+/// to serving them once the plan has made room; the late admission may also run this share
+/// past the budget (the small fleets' steps use it to the end).
+const LATE_ADMIT_SHARE: f64 = 0.02;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
 const MASTER_START_SCALE: f64 = 0.05;
 /// A round of the Lagrangian ascent that lifts the bound by less than this share of the gap
@@ -922,11 +926,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         let ruins = if budgeted_search { LNS_MOST_RUINS } else { 0 };
         // There the randomised moves alone: on the benchmark's 10,000 jobs the ejection pass
         // over every job gained 0.09 kg in the time the randomised moves gained 1.05 kg.
+        let search_end = if unserved.is_empty() {
+            1.0
+        } else {
+            1.0 - LATE_ADMIT_SHARE
+        };
         let local = improve::improve(
             &problem,
             &chosen,
             best_prices.as_ref().map(|p| p.gpu.as_slice()),
-            &stop,
+            &|| options.stop.at(search_end),
             ruins,
             !budgeted_search,
         );
@@ -1057,9 +1066,53 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             });
         }
     }
+    // The jobs still left out get one more try now that the search has moved the others: the
+    // first plan's crowding that kept them out may be gone. Only where serving a job can only
+    // add to the objective, so that every bound over the jobs served before stays a bound.
+    let mut unserved = unserved;
+    let late_stop = || options.stop.at(1.0 + LATE_ADMIT_SHARE);
+    let left_out: Vec<usize> = unserved.iter().map(|(j, _)| *j).collect();
+    let mut late_admitted = false;
+    if !left_out.is_empty()
+        && !proven_optimal
+        && !late_stop()
+        && serving_only_adds(&problem, &left_out)
+    {
+        let (admitted, served) = improve::admit(&problem, &chosen, &left_out, &late_stop);
+        let still: Vec<(usize, String)> = unserved
+            .iter()
+            .filter(|(j, _)| !served.contains(j))
+            .cloned()
+            .collect();
+        if !served.is_empty()
+            && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid
+        {
+            chosen = admitted;
+            unserved = still;
+            late_admitted = true;
+            method = format!(
+                "{method}, then {} more job(s) served once the search had made room",
+                served.len()
+            );
+        }
+        progress.report(|| {
+            format!(
+                "{} of {} job(s) left out served at the end: {:.3} kg",
+                left_out.len() - unserved.len(),
+                left_out.len(),
+                kg(&chosen)
+            )
+        });
+    }
     let mut infeasible = named(&unserved);
     infeasible.sort_by(|a, b| a.job.cmp(&b.job));
     let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+    // A bound over `over`, jobs all served now, also bounds the plan when the late admission
+    // added the rest (each can only add to the objective).
+    let covers = |over: &[bool]| {
+        over == served.as_slice()
+            || (late_admitted && over.iter().zip(&served).all(|(o, s)| !o || *s))
+    };
     let evaluation = problem.evaluate(&chosen);
 
     // Lower bound over plans serving the same jobs: the best of the bounds that cover exactly
@@ -1068,15 +1121,18 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // once the jobs left out were fixed, which the later steps keep served; the exact MILP in
     // the time left the jobs it was given.
     let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
-    let as_heuristic_served =
-        (0..n_jobs).all(|j| served[j] == heuristic_schedule.runs[j].is_some());
+    let heuristic_served: Vec<bool> = heuristic_schedule
+        .runs
+        .iter()
+        .map(Option::is_some)
+        .collect();
     let mut lower_bound_g = [
         milp_bound.filter(|_| all_included_served),
-        colgen_bound.filter(|_| as_heuristic_served),
+        colgen_bound.filter(|_| covers(&heuristic_served)),
         leftover_bound
-            .filter(|(_, over)| *over == served)
+            .filter(|(_, over)| covers(over))
             .map(|(bound, _)| bound),
-        dual_bound.filter(|_| served == fixed_served),
+        dual_bound.filter(|_| covers(&fixed_served)),
     ]
     .into_iter()
     .flatten()
@@ -1172,6 +1228,23 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         method,
     };
     Solution { plan, metrics }
+}
+
+/// Whether serving any of `jobs` can only add to a plan's objective: every grid weight is
+/// non-negative, no power level draws less than idle, migrations cost nothing or more, and none
+/// of the jobs has runs in a previous plan (whose change penalty a run could take back).
+fn serving_only_adds(problem: &Problem, jobs: &[usize]) -> bool {
+    let weights = (0..problem.inst.sites.len()).all(|site| {
+        (0..problem.n_slots).all(|slot| problem.grid_cost_g_per_kwh(site, slot) >= 0.0)
+    });
+    let levels = problem
+        .pools
+        .iter()
+        .all(|p| p.levels_w.iter().all(|&w| w >= p.idle_w));
+    weights
+        && levels
+        && problem.inst.params.migration_penalty_g >= 0.0
+        && jobs.iter().all(|&j| problem.previous[j].is_empty())
 }
 
 /// A bound for a progress message, kg.
