@@ -116,6 +116,10 @@ const LNS_MOST_RUINS: usize = 1_000_000;
 /// to serving them once the plan has made room; the late admission may also run this share
 /// past the budget (the small fleets' steps use it to the end).
 const LATE_ADMIT_SHARE: f64 = 0.02;
+/// The share of the final evaluation's cells ([`lagrange::FINAL_CELLS_PER_LIMIT_S`]) the bound
+/// over the jobs served once the late admission has served more may price (the coarse grid
+/// where even the fine one exceeds it).
+const LATE_BOUND_CELLS_SHARE: f64 = 0.2;
 /// Step scale of the subgradient ascent when it starts at the master LP's prices.
 const MASTER_START_SCALE: f64 = 0.05;
 /// A round of the Lagrangian ascent that lifts the bound by less than this share of the gap
@@ -1073,6 +1077,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let late_stop = || options.stop.at(1.0 + LATE_ADMIT_SHARE);
     let left_out: Vec<usize> = unserved.iter().map(|(j, _)| *j).collect();
     let mut late_admitted = false;
+    let mut late_bound: Option<f64> = None;
     if !left_out.is_empty()
         && !proven_optimal
         && !late_stop()
@@ -1090,6 +1095,23 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             chosen = admitted;
             unserved = still;
             late_admitted = true;
+            // The bounds so far leave the admitted jobs out; one pricing at the best prices
+            // over the jobs served now counts them too.
+            if let Some(best) = best_prices.as_ref()
+                && options.bound
+            {
+                let served_now: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+                let most_cells = LATE_BOUND_CELLS_SHARE
+                    * lagrange::FINAL_CELLS_PER_LIMIT_S
+                    * options.time_limit_s.max(1.0);
+                late_bound = match lagrange::final_bound(&problem, &served_now, best, most_cells) {
+                    Some((terms, _)) => Some(terms.value_g()),
+                    None => {
+                        lagrange::bound_on_grid(&problem, &served_now, best, lagrange::Grid::Coarse)
+                            .map(|terms| terms.value_g())
+                    }
+                };
+            }
             method = format!(
                 "{method}, then {} more job(s) served once the search had made room",
                 served.len()
@@ -1133,6 +1155,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             .filter(|(_, over)| covers(over))
             .map(|(bound, _)| bound),
         dual_bound.filter(|_| covers(&fixed_served)),
+        late_bound,
     ]
     .into_iter()
     .flatten()
