@@ -551,31 +551,38 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     for (job, _) in &unserved {
         chosen.runs[*job] = None;
     }
+    // Admission moves for the jobs `unserved` leaves out of `chosen`: the plan and the jobs
+    // still left out, when it serves some and the validator accepts it.
+    let serve_left_out =
+        |chosen: &Schedule, unserved: &[(usize, String)], stop: &(dyn Fn() -> bool + Sync)| {
+            let left_out: Vec<usize> = unserved.iter().map(|(j, _)| *j).collect();
+            let (admitted, served) = improve::admit(&problem, chosen, &left_out, stop);
+            let still: Vec<(usize, String)> = unserved
+                .iter()
+                .filter(|(j, _)| !served.contains(j))
+                .cloned()
+                .collect();
+            (!served.is_empty()
+                && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid)
+                .then_some((admitted, still))
+        };
     // The jobs the first plan leaves out, unless an exact MILP proved it right, each get an
     // ejection move that serves them by moving the jobs in their way.
     if !unserved.is_empty() && !proven_optimal && !stop() {
-        let left_out: Vec<usize> = unserved.iter().map(|(j, _)| *j).collect();
-        let (admitted, served) = improve::admit(&problem, &chosen, &left_out, &stop);
-        let still: Vec<(usize, String)> = unserved
-            .iter()
-            .filter(|(j, _)| !served.contains(j))
-            .cloned()
-            .collect();
-        if !served.is_empty()
-            && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid
-        {
-            chosen = admitted;
-            unserved = still;
+        let left_out = unserved.len();
+        if let Some((admitted, still)) = serve_left_out(&chosen, &unserved, &stop) {
             method = format!(
                 "{method}, then {} job(s) it left out served by moving others",
-                served.len()
+                left_out - still.len()
             );
+            chosen = admitted;
+            unserved = still;
         }
         progress.report(|| {
             format!(
                 "{} of {} job(s) left out now served: {:.3} kg",
-                left_out.len() - unserved.len(),
-                left_out.len(),
+                left_out - unserved.len(),
+                left_out,
                 kg(&chosen)
             )
         });
@@ -1083,15 +1090,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         && !late_stop()
         && serving_only_adds(&problem, &left_out)
     {
-        let (admitted, served) = improve::admit(&problem, &chosen, &left_out, &late_stop);
-        let still: Vec<(usize, String)> = unserved
-            .iter()
-            .filter(|(j, _)| !served.contains(j))
-            .cloned()
-            .collect();
-        if !served.is_empty()
-            && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid
-        {
+        if let Some((admitted, still)) = serve_left_out(&chosen, &unserved, &late_stop) {
+            method = format!(
+                "{method}, then {} more job(s) served once the search had made room",
+                unserved.len() - still.len()
+            );
             chosen = admitted;
             unserved = still;
             late_admitted = true;
@@ -1112,10 +1115,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     }
                 };
             }
-            method = format!(
-                "{method}, then {} more job(s) served once the search had made room",
-                served.len()
-            );
         }
         progress.report(|| {
             format!(
