@@ -113,8 +113,10 @@ const EXCHANGE_SHARE: f64 = 0.5;
 /// Most randomised ruin-and-recreate moves (the budget ends them first on large fleets).
 const LNS_MOST_RUINS: usize = 1_000_000;
 /// With jobs left out, the share of a caller's budget the large fleets' local search leaves
-/// to serving them once the plan has made room; the late admission may also run this share
-/// past the budget (the small fleets' steps use it to the end).
+/// to serving them once the plan has made room. The late admission may also run up to this
+/// share past the budget (the small fleets' steps use it to the end), and the one pricing that
+/// counts the jobs it served in the bound does not ask the stop signal: its cells are capped
+/// by [`LATE_BOUND_CELLS_SHARE`] instead (on `gridlimit`, 30 s, both ended within 0.1 s).
 const LATE_ADMIT_SHARE: f64 = 0.02;
 /// The share of the final evaluation's cells ([`lagrange::FINAL_CELLS_PER_LIMIT_S`]) the bound
 /// over the jobs served once the late admission has served more may price (the coarse grid
