@@ -77,10 +77,7 @@ impl<'p> Residual<'p> {
         let surplus = spec.surplus_kw[slot];
         let before = (self.load_kw[site][slot] - surplus).max(0.0);
         let after = (self.load_kw[site][slot] + add_kw - surplus).max(0.0);
-        if !self.overbook
-            && let Some(limit) = spec.grid_limit_kw
-            && after > limit + 1e-9
-            && add_kw > 0.0
+        if !self.overbook && add_kw > 0.0 && self.over_limit_kw(problem, site, slot, add_kw) > 1e-9
         {
             return None;
         }

@@ -239,10 +239,7 @@ impl<'p> State<'p> {
         }
         // Where it fits as the plan stands (other moves may have made room since it was left
         // out).
-        if let Some(runs) = self.best(problem, job, None)
-            && self.cost_g(problem, job, &runs).is_some()
-        {
-            self.place(problem, job, runs);
+        if self.place_cheapest(problem, job) {
             return true;
         }
         let before = self.clone();
@@ -271,14 +268,19 @@ impl<'p> State<'p> {
         self.place(problem, job, target);
         holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
         holders.into_iter().all(|h| {
-            if let Some(runs) = self.best(problem, h, None)
-                && self.cost_g(problem, h, &runs).is_some()
-            {
-                self.place(problem, h, runs);
-                return true;
-            }
-            depth > 0 && self.admit_within(problem, h, depth - 1)
+            self.place_cheapest(problem, h) || depth > 0 && self.admit_within(problem, h, depth - 1)
         })
+    }
+
+    /// Places `job` (out of the plan) where it is now cheapest at exact cost; whether it fit.
+    fn place_cheapest(&mut self, problem: &Problem, job: usize) -> bool {
+        match self.best(problem, job, None) {
+            Some(runs) => {
+                self.place(problem, job, runs);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Where `job`, out of the plan, would be cheapest if every GPU were free.
