@@ -323,7 +323,13 @@ fn build_and_solve(
                     if on {
                         warm_load[site][slot] += add_kw;
                     }
-                    let tie = EARLINESS_G * slot as f64;
+                    // The LP relaxation leaves the tie-break out: costs that small next to the
+                    // grams trip HiGHS's postsolve on large relaxations.
+                    let tie = if config.relax {
+                        0.0
+                    } else {
+                        EARLINESS_G * slot as f64
+                    };
                     b.objective += (tie + problem.change_g(job, slot, pool, level)) * x;
                     earliness_max_g += tie;
                 }
