@@ -396,7 +396,9 @@ fn build_and_solve(
                 }
             }
             if view.migratable {
-                let mut obligation_vars: BTreeMap<(usize, usize), Variable> = BTreeMap::new();
+                // Each obligation with its column, so a warm start that moves sets it.
+                let mut obligation_vars: BTreeMap<(usize, usize), (Variable, usize)> =
+                    BTreeMap::new();
                 let max_speed = |site: usize| {
                     pools
                         .iter()
@@ -469,14 +471,14 @@ fn build_and_solve(
                                         .push(Expression::from(m).leq(loc[&(to, idx + k)]));
                                 }
                                 let due = slot + min_window - 1;
-                                let o = match obligation_vars.get(&(to, due)) {
-                                    Some(&o) => o,
-                                    None => {
+                                let (o, column) =
+                                    *obligation_vars.entry((to, due)).or_insert_with(|| {
                                         let o = b.add(variable().min(0.0).max(1.0), 0.0);
-                                        obligation_vars.insert((to, due), o);
-                                        o
-                                    }
-                                };
+                                        (o, b.warm.len() - 1)
+                                    });
+                                if warm_m > 0.0 {
+                                    b.warm[column] = 1.0;
+                                }
                                 b.constraints.push(Expression::from(m).leq(o));
                             }
                         }
@@ -489,27 +491,38 @@ fn build_and_solve(
                     s
                 };
                 for site in sites_with_due {
-                    let mut carried: Option<Variable> = None;
+                    // The pending obligation and its warm value: due in the warm start, or
+                    // carried from the slot before where the warm start did not run here.
+                    let mut carried: Option<(Variable, f64)> = None;
                     for slot in view.window.clone() {
                         let created = obligation_vars.get(&(site, slot)).copied();
                         let pending = match (carried, created) {
                             (None, None) => None,
                             _ => {
-                                let o = b.add(variable().min(0.0).max(1.0), 0.0);
-                                if let Some(c) = created {
+                                let ran_here = slot > view.window.start
+                                    && warm_at(slot - 1)
+                                        .is_some_and(|r| problem.pools[r.pool].site == site);
+                                let warm_created = created.map_or(0.0, |(_, c)| b.warm[c]);
+                                let warm_carried = match carried {
+                                    Some((_, w)) if !ran_here => w,
+                                    _ => 0.0,
+                                };
+                                let warm_o = warm_created.max(warm_carried);
+                                let o = b.add(variable().min(0.0).max(1.0), warm_o);
+                                if let Some((c, _)) = created {
                                     b.constraints.push(Expression::from(c).leq(o));
                                 }
-                                if let Some(prev) = carried {
+                                if let Some((prev, _)) = carried {
                                     b.constraints.push((prev - run_at(site, slot - 1)).leq(o));
                                 }
                                 b.constraints
                                     .push(Expression::from(o).leq(loc[&(site, slot - start + 1)]));
-                                Some(o)
+                                Some((o, warm_o))
                             }
                         };
                         carried = pending;
                     }
-                    if let Some(last) = carried {
+                    if let Some((last, _)) = carried {
                         b.constraints
                             .push(Expression::from(last).leq(run_at(site, view.window.end - 1)));
                     }
@@ -603,6 +616,10 @@ fn build_and_solve(
         constraints,
         objective,
     } = b;
+    #[cfg(test)]
+    if warm.is_some() && !config.relax {
+        tests::record_warm_start(&vars, &warm_values, &constraints);
+    }
     let mut highs_problem = vars
         .minimise(objective)
         .using(good_lp::solvers::highs::highs);
@@ -716,8 +733,82 @@ fn build_and_solve(
 mod tests {
     use super::*;
     use crate::heuristic;
+    use crate::instance::Instance;
     use crate::master::tests::random_instance;
     use crate::validate;
+
+    thread_local! {
+        /// Rows the last warm start on this thread broke, by more than HiGHS's tolerance.
+        static WARM_START_BROKEN_ROWS: std::cell::Cell<Option<usize>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// Counts the rows `warm` (one value per variable, in creation order) breaks.
+    pub(super) fn record_warm_start(
+        vars: &ProblemVariables,
+        warm: &[f64],
+        constraints: &[good_lp::Constraint],
+    ) {
+        let values: std::collections::HashMap<Variable, f64> = vars
+            .iter_variables_with_def()
+            .map(|(v, _)| v)
+            .zip(warm.iter().copied())
+            .collect();
+        let broken = constraints
+            .iter()
+            .filter(|c| {
+                let lhs = c.expression().eval_with(&values);
+                if c.is_equality() {
+                    lhs.abs() > 1e-6
+                } else {
+                    lhs > 1e-6
+                }
+            })
+            .count();
+        WARM_START_BROKEN_ROWS.with(|cell| cell.set(Some(broken)));
+    }
+
+    #[test]
+    fn a_plan_that_moves_under_the_feasibility_domain_is_a_warm_start_that_breaks_no_row() {
+        // 500 GB over 10 Gbit/s with 60 s to save and restore: 460 s, more than 0.1 of an hour,
+        // so a move must stay two slots at its destination, an obligation of the model. The job
+        // runs where the grid is clean: at `a` first, then at `b`.
+        let instance = Instance::from_json(
+            r#"{
+              "start_utc": "2023-06-01T00:00:00Z", "slot_minutes": 60, "slots": 6,
+              "gpu_models": { "H100": { "power_levels_w": [700], "throughput": [1.0], "idle_w": 0 } },
+              "sites": [
+                { "id": "a", "gpus": { "H100": 1 }, "pue": 1.0, "wan_gbps": 10,
+                  "surplus_kw": [0, 0, 0, 0, 0, 0], "carbon_g_per_kwh": [50, 50, 50, 600, 600, 600] },
+                { "id": "b", "gpus": { "H100": 1 }, "pue": 1.0, "wan_gbps": 10,
+                  "surplus_kw": [0, 0, 0, 0, 0, 0], "carbon_g_per_kwh": [600, 600, 600, 50, 50, 50] }
+              ],
+              "jobs": [
+                { "id": "train", "gpus": 1, "work_hours": 5.5, "release_utc": "2023-06-01T00:00:00Z",
+                  "deadline_utc": "2023-06-01T06:00:00Z", "checkpoint_gb": 500, "save_s": 30,
+                  "restore_s": 30, "migratable": true, "home_site": "a" }
+              ],
+              "params": { "alpha": 0.1, "transfer_kwh_per_gb": 0 }
+            }"#,
+        )
+        .expect("instance");
+        let problem = Problem::new(&instance);
+        assert_eq!(problem.min_window_slots(0, 0, 1), 2);
+        let config = MilpConfig {
+            time_limit_s: 30.0,
+            mip_rel_gap: 1e-7,
+            relax: false,
+            soft_work: false,
+            log: false,
+        };
+        let include = [true];
+        let first = solve(&problem, &include, None, None, &config).expect("solved");
+        let plan = first.schedule.expect("a plan");
+        assert_eq!(problem.evaluate(&plan).migrations.len(), 1, "{plan:?}");
+        let again = solve(&problem, &include, Some(&plan), None, &config).expect("solved");
+        assert_eq!(WARM_START_BROKEN_ROWS.with(|c| c.get()), Some(0));
+        assert_eq!(again.schedule.as_ref(), Some(&plan));
+    }
 
     /// A schedule as an LP point: 1 on each of its runs.
     fn as_relaxed(schedule: &Schedule) -> Relaxed {
