@@ -964,6 +964,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let bounded = milp_bound.is_some() || colgen_bound.is_some() || dual_bound.is_some();
             compact = compact_relaxation(&problem, &served, options, bounded, left_s());
+            progress.report(|| match &compact {
+                Some(CompactLp {
+                    bound_g: Some(bound),
+                    relaxed: Some(_),
+                    ..
+                }) => format!("LP relaxation: {:.3} kg", bound / 1000.0),
+                Some(_) => "LP relaxation: no optimum within its time, so no RINS".to_string(),
+                None => "LP relaxation: skipped, too little of the budget left".to_string(),
+            });
             if let Some(relaxed) = compact.as_ref().and_then(|c| c.relaxed.as_ref()) {
                 let config = milp::MilpConfig {
                     time_limit_s: options.time_limit_s * RINS_SHARE,
@@ -1539,6 +1548,31 @@ fn neighbourhood_search(
 mod tests {
     use super::*;
     use crate::master::tests::random_instance;
+
+    #[test]
+    fn a_medium_fleet_reports_its_lp_relaxation_which_the_bound_keeps() {
+        let instance = random_instance(3, 20, 3, 12);
+        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = messages.clone();
+        let options = SolveOptions {
+            progress: Progress::new(move |m| sink.lock().expect("not poisoned").push(m.into())),
+            ..SolveOptions::default()
+        };
+        let solution = solve(&instance, &options);
+        assert!(validate(&instance, &solution.plan).valid);
+        let messages = messages.lock().expect("not poisoned");
+        let lp_kg: f64 = messages
+            .iter()
+            .find_map(|m| m.strip_prefix("LP relaxation: "))
+            .and_then(|rest| rest.strip_suffix(" kg"))
+            .and_then(|kg| kg.parse().ok())
+            .unwrap_or_else(|| panic!("no LP relaxation value in {messages:?}"));
+        assert!(
+            lp_kg <= solution.metrics.lower_bound_g / 1000.0 + 5e-4,
+            "LP {lp_kg} kg above the bound {:?}",
+            solution.metrics
+        );
+    }
 
     #[test]
     fn the_heuristic_alone_on_a_large_fleet_is_bounded_by_a_short_lagrangian_ascent() {
