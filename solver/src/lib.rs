@@ -1549,13 +1549,20 @@ mod tests {
     use super::*;
     use crate::master::tests::random_instance;
 
+    /// A progress hook that keeps every message, and the messages it keeps.
+    fn recorded_progress() -> (Progress, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = messages.clone();
+        let progress = Progress::new(move |m| sink.lock().expect("not poisoned").push(m.into()));
+        (progress, messages)
+    }
+
     #[test]
     fn a_medium_fleet_reports_its_lp_relaxation_which_the_bound_keeps() {
         let instance = random_instance(3, 20, 3, 12);
-        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let sink = messages.clone();
+        let (progress, messages) = recorded_progress();
         let options = SolveOptions {
-            progress: Progress::new(move |m| sink.lock().expect("not poisoned").push(m.into())),
+            progress,
             ..SolveOptions::default()
         };
         let solution = solve(&instance, &options);
@@ -1578,11 +1585,10 @@ mod tests {
     fn the_heuristic_alone_on_a_large_fleet_is_bounded_by_a_short_lagrangian_ascent() {
         // Over 200 jobs: the compact LP, which outgrows memory on large fleets, is not built.
         let instance = random_instance(5, 230, 3, 24);
-        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let sink = messages.clone();
+        let (progress, messages) = recorded_progress();
         let options = SolveOptions {
             method: Method::Heuristic,
-            progress: Progress::new(move |m| sink.lock().expect("not poisoned").push(m.into())),
+            progress,
             ..SolveOptions::default()
         };
         let solution = solve(&instance, &options);
