@@ -833,8 +833,6 @@ mod tests {
         assert!(check.valid, "{:?}", check.violations);
     }
 
-    /// On crowded random fleets, what `admit` serves passes the validator with the rest still
-    /// left out, and every job served before stays served.
     /// A one-site instance over four hourly slots with `gpus` single-level H100s (700 W, 50
     /// W idle, PUE 1), the given carbon, grid limit and jobs (id, work hours, release hour,
     /// deadline hour).
@@ -923,6 +921,8 @@ mod tests {
         assert!(check.valid, "{:?}", check.violations);
     }
 
+    /// On crowded random fleets, what `admit` serves passes the validator with the rest still
+    /// left out, and every job served before stays served.
     #[test]
     fn admitted_plans_stay_valid_and_keep_every_job_served() {
         let never = || false;

@@ -971,7 +971,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     ..
                 }) => format!("LP relaxation: {:.3} kg", bound / 1000.0),
                 Some(_) => "LP relaxation: no optimum within its time, so no RINS".to_string(),
-                None => "LP relaxation: skipped, too little of the budget left".to_string(),
+                None => "LP relaxation: none (too little of the budget left, or HiGHS failed), \
+                         so no RINS"
+                    .to_string(),
             });
             if let Some(relaxed) = compact.as_ref().and_then(|c| c.relaxed.as_ref()) {
                 let config = milp::MilpConfig {
