@@ -20,6 +20,7 @@
 //!   bound and prices for large instances;
 //! - `master`: the master LP over those programmes' schedules (the Lagrangian dual to its
 //!   optimum) and the restricted master MILP over the real ones;
+//! - `subsets`: the bound from groups of jobs solved exactly on their own (superadditivity);
 //! - `validate`: the independent oracle.
 
 // Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
@@ -36,6 +37,7 @@ mod milp;
 pub mod plan;
 mod problem;
 mod sites;
+mod subsets;
 pub mod validate;
 
 pub use instance::{CarbonSignal, GpuModel, Instance, InstanceError, Job, Params, Site, UtcTime};
@@ -157,6 +159,11 @@ const LP_BOUND_MIN_TIME_S: f64 = 10.0;
 /// instance with a 30 s limit the LP, given the whole limit again after column generation and
 /// the master LP had taken 17 s, ran the solve to 39.7 s for no better bound.
 const LP_LEAST_LEFT_S: f64 = 0.5;
+/// Seconds the bound from groups of jobs solved on their own (`subsets`) leaves of the caller's
+/// budget, on the second core beside the plan's steps: HiGHS may overrun its limit by a little.
+const GROUP_BOUND_MARGIN_S: f64 = 0.15;
+/// Share of the time limit the groups' MILPs may take in all for a caller without a budget.
+const GROUP_BOUND_SHARE: f64 = 0.3;
 
 /// Which algorithm `solve` may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -598,6 +605,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             && validate(instance, &problem.to_plan(candidate, &named(&unserved))).valid
     };
     let mut dual_bound: Option<f64> = None;
+    // The bound from groups of jobs solved on their own, on a thread of its own, with the jobs
+    // it covers.
+    let mut group_thread: Option<GroupThread> = None;
     let mut restricted_share = 0.0;
     // The Lagrangian prices at the best bound, when there are any: what a GPU-slot (and a kW)
     // is worth to other jobs.
@@ -685,6 +695,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                             bound_kg(dual_bound)
                         )
                     });
+                    group_thread =
+                        spawn_group_bound(instance, &problem, &chosen, dual_bound, options);
                     prices = Some(outcome.prices);
                     // The subgradient starts at the master's prices, near the dual optimum.
                     scale = MASTER_START_SCALE;
@@ -1160,8 +1172,27 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         .iter()
         .map(Option::is_some)
         .collect();
+    let group_bound = group_thread.and_then(GroupThread::finish);
+    if let Some((group, _)) = &group_bound {
+        progress.report(|| {
+            format!(
+                "bound from jobs solved on their own: {:.3} kg ({} job(s) together add {:.1} g \
+                 to the all-idle floor of {:.3} kg; {} of {} alone add some)",
+                group.bound_g / 1000.0,
+                group.group_jobs,
+                group.group_excess_g,
+                group.floor_g / 1000.0,
+                group.singles_lifting,
+                group.singles_solved
+            )
+        });
+    }
     let mut lower_bound_g = [
         milp_bound.filter(|_| all_included_served),
+        group_bound
+            .as_ref()
+            .filter(|(_, over)| covers(over))
+            .map(|(group, _)| group.bound_g),
         colgen_bound.filter(|_| covers(&heuristic_served)),
         leftover_bound
             .filter(|(_, over)| covers(over))
@@ -1218,6 +1249,17 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
+    }
+    // The groups' bound named where it is the one kept.
+    if let (Some((group, over)), Some(bound)) = (&group_bound, lower_bound_g)
+        && covers(over)
+        && group.bound_g >= bound
+        && group.bound_g > group.floor_g
+    {
+        method = format!(
+            "{method}, then a bound from {} job(s) planned together and {} alone",
+            group.group_jobs, group.singles_solved
+        );
     }
     let objective_g = evaluation.objective_g;
     let lower_bound_g = lower_bound_g.unwrap_or(0.0).clamp(0.0, objective_g);
@@ -1280,6 +1322,67 @@ fn serving_only_adds(problem: &Problem, jobs: &[usize]) -> bool {
         && levels
         && problem.inst.params.migration_penalty_g >= 0.0
         && jobs.iter().all(|&j| problem.previous[j].is_empty())
+}
+
+/// The thread computing [`subsets::group_bound`] (its answer and the jobs it covers), and the
+/// flag that tells it to start no further MILP.
+struct GroupThread {
+    handle: std::thread::JoinHandle<Option<(subsets::GroupBound, Vec<bool>)>>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GroupThread {
+    /// Its answer, once the MILP it is in ends: it starts no other.
+    fn finish(self) -> Option<(subsets::GroupBound, Vec<bool>)> {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().ok().flatten()
+    }
+}
+
+/// Starts the bound from groups of jobs solved on their own (`subsets`) on a thread of its own,
+/// around `plan`'s grid draw, when it can hold: serving the plan's jobs only adds to the
+/// objective, and `bound_g` does not prove the plan already. It works on the second core while
+/// the plan's steps go on, and ends `GROUP_BOUND_MARGIN_S` before the caller's budget.
+fn spawn_group_bound(
+    instance: &Instance,
+    problem: &Problem,
+    plan: &Schedule,
+    bound_g: Option<f64>,
+    options: &SolveOptions,
+) -> Option<GroupThread> {
+    let served: Vec<bool> = plan.runs.iter().map(Option::is_some).collect();
+    let jobs: Vec<usize> = (0..served.len()).filter(|&j| served[j]).collect();
+    let objective_g = problem.evaluate(plan).objective_g;
+    let proven = bound_g.is_some_and(|b| objective_g - b <= options.mip_rel_gap * objective_g);
+    if proven || jobs.is_empty() || !serving_only_adds(problem, &jobs) {
+        return None;
+    }
+    let (instance, plan) = (instance.clone(), plan.clone());
+    let stop = options.stop.clone();
+    let (limit_s, log) = (options.time_limit_s, options.log);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cancelled = done.clone();
+    let handle = std::thread::spawn(move || {
+        let problem = Problem::new(&instance);
+        let left_s = || {
+            stop.passed().map_or(f64::INFINITY, |p| {
+                ((1.0 - p) * limit_s - GROUP_BOUND_MARGIN_S).max(0.0)
+            })
+        };
+        let unbudgeted_s = limit_s * GROUP_BOUND_SHARE;
+        let cancelled = || cancelled.load(std::sync::atomic::Ordering::Relaxed);
+        subsets::group_bound(
+            &problem,
+            &served,
+            &plan,
+            &left_s,
+            unbudgeted_s,
+            &cancelled,
+            log,
+        )
+        .map(|group| (group, served))
+    });
+    Some(GroupThread { handle, done })
 }
 
 /// A bound for a progress message, kg.
