@@ -488,7 +488,8 @@ pub enum Command {
         /// MILP and the neighbourhood search). Up to 200 jobs, time those steps leave goes to the
         /// exact MILP over the served jobs, whose cuts sharpen the bound. The LP relaxation that
         /// bounds the plan gets at least 10 s more when no other step bounded the plan; once one
-        /// has, it gets only what is left of the limit.
+        /// has, it gets only what is left of the limit. Up to 200 jobs a second thread also bounds
+        /// the plan within the limit by groups of jobs solved exactly on their own.
         #[arg(long, default_value_t = 30.0)]
         time_limit: f64,
         /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
