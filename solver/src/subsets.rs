@@ -117,8 +117,9 @@ pub(crate) fn group_bound(
 
     // Around each cluster of the plan's grid draw at sites with surplus, the costliest first:
     // the jobs with little slack there, the span widened a slot each side while the group's
-    // MILP closes with nothing added (each wider group holds the narrower, so it adds at least
-    // as much), until it adds something, runs out of time or grows past its most jobs.
+    // MILP closes with nothing added (a wider group holds the narrower one until the cap on
+    // its jobs cuts, so it adds at least as much), until it adds something, runs out of time
+    // or reaches its most jobs.
     let mut in_group = vec![false; n_jobs];
     let (mut group_jobs, mut group_excess_g) = (0, 0.0);
     for cluster in hot_clusters(problem, plan) {
