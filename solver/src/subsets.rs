@@ -61,7 +61,8 @@ pub(crate) struct GroupBound {
 
 /// The bound of the module doc over the jobs with `served[j]`, with the group chosen around
 /// `plan`'s grid draw at sites with surplus. `left_s` answers the seconds left of the caller's
-/// budget (infinite without one, when the MILPs' limits add up to `unbudgeted_s` at most);
+/// budget (infinite without one, when the MILPs' limits add up to `unbudgeted_s` at most, half
+/// for the groups and half for the jobs alone);
 /// once `cancelled` answers `true` no further MILP starts. The caller must have
 /// checked that serving the jobs can only add to the objective. `None` when no MILP gave a
 /// bound.
@@ -98,22 +99,19 @@ pub(crate) fn group_bound(
         let bound_g = outcome.lower_bound_g?;
         Some(((bound_g - floor_g).max(0.0), outcome.proven_optimal))
     };
-    // Without a budget, the time limits handed out count against `unbudgeted_s` (no clock here
-    // says how much of them the MILPs used).
-    let handed_s = std::cell::Cell::new(0.0);
-    let budget_s = |share: f64, most_s: f64| {
+    // Without a budget, the time limits handed out count against `unbudgeted_s`, half of it for
+    // the groups and half for the jobs alone (no clock here says how much of a limit a MILP
+    // used, so a group that closes early must not starve the jobs alone).
+    let group_pot_s = std::cell::Cell::new(unbudgeted_s / 2.0);
+    let single_pot_s = std::cell::Cell::new(unbudgeted_s / 2.0);
+    let budget_s = |share: f64, most_s: f64, pot_s: &std::cell::Cell<f64>| {
+        if cancelled() {
+            return 0.0;
+        }
         let left = left_s();
-        let left = if left.is_finite() {
-            left
-        } else {
-            unbudgeted_s - handed_s.get()
-        };
-        let limit_s = if cancelled() {
-            0.0
-        } else {
-            (left * share).min(most_s)
-        };
-        handed_s.set(handed_s.get() + limit_s.max(0.0));
+        let left = if left.is_finite() { left } else { pot_s.get() };
+        let limit_s = (left * share).min(most_s).max(0.0);
+        pot_s.set(pot_s.get() - limit_s);
         limit_s
     };
 
@@ -137,7 +135,7 @@ pub(crate) fn group_bound(
                 }
                 continue;
             }
-            let limit_s = budget_s(GROUP_SHARE, f64::INFINITY);
+            let limit_s = budget_s(GROUP_SHARE, f64::INFINITY, &group_pot_s);
             if limit_s < LEAST_S {
                 break;
             }
@@ -160,7 +158,7 @@ pub(crate) fn group_bound(
     // Every other served job alone, while time is left; a job not solved adds nothing.
     let (mut singles_solved, mut singles_lifting, mut singles_g) = (0, 0, 0.0);
     for job in (0..n_jobs).filter(|&j| served[j] && !in_group[j]) {
-        let limit_s = budget_s(1.0, SINGLE_MOST_S);
+        let limit_s = budget_s(1.0, SINGLE_MOST_S, &single_pot_s);
         if limit_s < LEAST_S {
             break;
         }
