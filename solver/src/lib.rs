@@ -1342,7 +1342,8 @@ impl GroupThread {
 /// Starts the bound from groups of jobs solved on their own (`subsets`) on a thread of its own,
 /// around `plan`'s grid draw, when it can hold: serving the plan's jobs only adds to the
 /// objective, and `bound_g` does not prove the plan already. It works on the second core while
-/// the plan's steps go on, and ends `GROUP_BOUND_MARGIN_S` before the caller's budget.
+/// the plan's steps go on, and ends `GROUP_BOUND_MARGIN_S` before the caller's budget. Its
+/// MILPs print no HiGHS log, whatever `options.log` says.
 fn spawn_group_bound(
     instance: &Instance,
     problem: &Problem,
@@ -1359,7 +1360,7 @@ fn spawn_group_bound(
     }
     let (instance, plan) = (instance.clone(), plan.clone());
     let stop = options.stop.clone();
-    let (limit_s, log) = (options.time_limit_s, options.log);
+    let limit_s = options.time_limit_s;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cancelled = done.clone();
     let handle = std::thread::spawn(move || {
@@ -1378,7 +1379,8 @@ fn spawn_group_bound(
             &left_s,
             unbudgeted_s,
             &cancelled,
-            log,
+            // HiGHS's log stays the plan's: two solvers writing at once would garble it.
+            false,
         )
         .map(|group| (group, served))
     });
