@@ -1686,6 +1686,18 @@ mod tests {
             "LP {lp_kg} kg above the bound {:?}",
             solution.metrics
         );
+        // The groups' thread reported too, and the bound kept it.
+        let groups_kg: f64 = messages
+            .iter()
+            .find_map(|m| m.strip_prefix("bound from jobs solved on their own: "))
+            .and_then(|rest| rest.split(" kg").next())
+            .and_then(|kg| kg.parse().ok())
+            .unwrap_or_else(|| panic!("no groups' bound in {messages:?}"));
+        assert!(
+            groups_kg <= solution.metrics.lower_bound_g / 1000.0 + 5e-4,
+            "groups' bound {groups_kg} kg above the bound {:?}",
+            solution.metrics
+        );
     }
 
     #[test]
