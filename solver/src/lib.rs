@@ -1675,28 +1675,26 @@ mod tests {
         let solution = solve(&instance, &options);
         assert!(validate(&instance, &solution.plan).valid);
         let messages = messages.lock().expect("not poisoned");
-        let lp_kg: f64 = messages
-            .iter()
-            .find_map(|m| m.strip_prefix("LP relaxation: "))
-            .and_then(|rest| rest.strip_suffix(" kg"))
-            .and_then(|kg| kg.parse().ok())
-            .unwrap_or_else(|| panic!("no LP relaxation value in {messages:?}"));
+        // The kilograms a progress message starting with `prefix` reports first.
+        let reported_kg = |prefix: &str| -> f64 {
+            messages
+                .iter()
+                .find_map(|m| m.strip_prefix(prefix))
+                .and_then(|rest| rest.split(" kg").next())
+                .and_then(|kg| kg.parse().ok())
+                .unwrap_or_else(|| panic!("no `{prefix}` value in {messages:?}"))
+        };
+        let bound_kg = solution.metrics.lower_bound_g / 1000.0;
+        let lp_kg = reported_kg("LP relaxation: ");
         assert!(
-            lp_kg <= solution.metrics.lower_bound_g / 1000.0 + 5e-4,
-            "LP {lp_kg} kg above the bound {:?}",
-            solution.metrics
+            lp_kg <= bound_kg + 5e-4,
+            "LP {lp_kg} kg above the bound {bound_kg} kg"
         );
         // The groups' thread reported too, and the bound kept it.
-        let groups_kg: f64 = messages
-            .iter()
-            .find_map(|m| m.strip_prefix("bound from jobs solved on their own: "))
-            .and_then(|rest| rest.split(" kg").next())
-            .and_then(|kg| kg.parse().ok())
-            .unwrap_or_else(|| panic!("no groups' bound in {messages:?}"));
+        let groups_kg = reported_kg("bound from jobs solved on their own: ");
         assert!(
-            groups_kg <= solution.metrics.lower_bound_g / 1000.0 + 5e-4,
-            "groups' bound {groups_kg} kg above the bound {:?}",
-            solution.metrics
+            groups_kg <= bound_kg + 5e-4,
+            "groups' bound {groups_kg} kg above the bound {bound_kg} kg"
         );
     }
 

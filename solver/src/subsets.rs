@@ -35,7 +35,7 @@ const GROUP_LEAST_JOBS: usize = 2;
 /// Rationale: jobs alone rarely add (in `solve -v` on S and five other draws none did), and
 /// on S the group's MILP reached 8.7 g under a 4 s limit with this share, 7.9 g with 0.6.
 const GROUP_SHARE: f64 = 0.9;
-/// Most seconds for one job's MILP alone: most close in milliseconds.
+/// Most seconds for one job's MILP alone: a model of one job's runs, far smaller than a group's.
 const SINGLE_MOST_S: f64 = 0.25;
 /// Seconds below which no MILP is started.
 const LEAST_S: f64 = 0.05;
@@ -123,11 +123,11 @@ pub(crate) fn group_bound(
     let mut in_group = vec![false; n_jobs];
     let (mut group_jobs, mut group_excess_g) = (0, 0.0);
     for cluster in hot_clusters(problem, plan) {
+        let eligible: Vec<bool> = (0..n_jobs).map(|j| served[j] && !in_group[j]).collect();
         let mut tried: Vec<usize> = Vec::new();
         for widen in 0..problem.n_slots {
             let first = cluster.first.saturating_sub(widen);
             let last = (cluster.last + widen).min(problem.n_slots - 1);
-            let eligible: Vec<bool> = (0..n_jobs).map(|j| served[j] && !in_group[j]).collect();
             let (group, full) = span_group(problem, &eligible, &cluster.sites, first, last);
             if group.len() < GROUP_LEAST_JOBS || group == tried {
                 if full || (first == 0 && last == problem.n_slots - 1) {
