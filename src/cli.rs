@@ -487,9 +487,10 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Time limit in seconds for the MILP work (the exact MILP, or the column-generation master
-        /// MILP and the neighbourhood search). Up to 200 jobs, time those steps leave (3 s or more)
-        /// goes to the exact MILP over the served jobs, whose cuts sharpen the bound; less goes
-        /// to the neighbourhood search. The LP relaxation that
+        /// MILP and the neighbourhood search). Up to 200 jobs, time those steps leave goes to the
+        /// exact MILP over the served jobs, whose cuts sharpen the bound, unless the neighbourhood
+        /// search's share would leave it under 3 s: then the neighbourhoods take it all. The LP
+        /// relaxation that
         /// bounds the plan gets at least 10 s more when no other step bounded the plan; once one
         /// has, it gets only what is left of the limit. Up to 200 jobs a second thread also bounds
         /// the plan within the limit by groups of jobs solved exactly on their own.
