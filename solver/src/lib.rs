@@ -139,6 +139,13 @@ const QUICK_DUAL_ITERATIONS: usize = 20;
 const RINS_SHARE: f64 = 0.3;
 /// Most RINS solves; another follows only when the last one improved the plan.
 const RINS_ROUNDS: usize = 3;
+/// Under a caller's budget, a RINS solve whose share would leave less than this many seconds
+/// gets all that is left: one neighbourhood MILP's limit (`NEIGHBOURHOOD_LIMIT_S`), below which
+/// the neighbourhoods after it would have no full solve. Rationale: on S's published draw
+/// RINS starts about 3.2 s into a 5 s solve on a slower machine, and its 1.5 s share found
+/// nothing where 1.7 s found the 0.1 % plan; the 0.2 s it left the neighbourhoods gained
+/// nothing (docs/benchmarks.md).
+const RINS_ALL_BELOW_S: f64 = NEIGHBOURHOOD_LIMIT_S;
 
 /// Least time a caller's budget must have left after the other steps for the exact MILP over
 /// the served jobs to run in it, seconds (below it HiGHS would not finish its root).
@@ -1010,8 +1017,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         break;
                     }
                     rins_share += RINS_SHARE;
+                    let time_left_s = left_s();
+                    let time_limit_s = if time_left_s - config.time_limit_s < RINS_ALL_BELOW_S {
+                        time_left_s
+                    } else {
+                        config.time_limit_s
+                    };
                     let config = milp::MilpConfig {
-                        time_limit_s: config.time_limit_s.min(left_s()),
+                        time_limit_s,
                         ..config.clone()
                     };
                     let Ok(outcome) =
