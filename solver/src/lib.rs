@@ -1017,14 +1017,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                         break;
                     }
                     rins_share += RINS_SHARE;
-                    let time_left_s = left_s();
-                    let time_limit_s = if time_left_s - config.time_limit_s < RINS_ALL_BELOW_S {
-                        time_left_s
-                    } else {
-                        config.time_limit_s
-                    };
                     let config = milp::MilpConfig {
-                        time_limit_s,
+                        time_limit_s: share_or_rest_s(
+                            config.time_limit_s,
+                            left_s(),
+                            RINS_ALL_BELOW_S,
+                        ),
                         ..config.clone()
                     };
                     let Ok(outcome) =
@@ -1062,12 +1060,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         } else {
             let share_s = options.time_limit_s
                 * (1.0 - full_milp_share - restricted_share - rins_share).max(0.0);
-            let time_left_s = left_s();
-            if time_left_s.is_finite() && time_left_s - share_s < NEIGHBOURHOODS_ALL_BELOW_S {
-                f64::INFINITY
-            } else {
-                share_s
-            }
+            share_or_rest_s(share_s, left_s(), NEIGHBOURHOODS_ALL_BELOW_S)
         };
         let (improved, n_improvements) = neighbourhood_search(
             &problem,
@@ -1407,6 +1400,17 @@ fn spawn_group_bound(
         .map(|group| (group, served))
     });
     Some(GroupThread { handle, done })
+}
+
+/// A step's share of a caller's budget, seconds, or all that is left (`left_s`) when the share
+/// would leave less than `least_rest_s` to the steps after it: too little for them to use.
+/// Without a budget (`left_s` infinite) the share stands.
+fn share_or_rest_s(share_s: f64, left_s: f64, least_rest_s: f64) -> f64 {
+    if left_s.is_finite() && left_s - share_s < least_rest_s {
+        left_s
+    } else {
+        share_s
+    }
 }
 
 /// A bound for a progress message, kg.
