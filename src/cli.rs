@@ -514,6 +514,13 @@ pub enum Command {
         /// Print the MILP solver's (HiGHS) log to standard output.
         #[arg(long, conflicts_with = "json")]
         solver_log: bool,
+        /// Also print where the gap lies: the plan's emissions less the Lagrangian bound at the
+        /// bound's prices, split into what the jobs' schedules cost above their cheapest at
+        /// those prices (with the jobs furthest above), what the GPU-slots the plan leaves idle
+        /// are priced at, and the rest; per site. Given on the Lagrangian and
+        /// column-generation paths (with `--json`, as the `gap_breakdown` key).
+        #[arg(long)]
+        explain_gap: bool,
     },
     /// Replay a scenario folder (sites.toml, signals.csv, jobs.csv, optional forecasts.csv) slot
     /// by slot against one or more placement policies and print their metrics.
@@ -641,6 +648,7 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
             method,
             heuristic,
             solver_log,
+            explain_gap,
         } => {
             let parsed = read_instance(&instance)?;
             let options = SolveOptions {
@@ -668,7 +676,14 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                     .with_context(|| format!("writing the plan to {}", out.display()))?;
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&solution.metrics)?);
+                let mut value = serde_json::to_value(&solution.metrics)?;
+                if explain_gap && let Some(object) = value.as_object_mut() {
+                    object.insert(
+                        "gap_breakdown".to_string(),
+                        serde_json::to_value(&solution.gap_breakdown)?,
+                    );
+                }
+                println!("{}", serde_json::to_string_pretty(&value)?);
             } else {
                 let m = &solution.metrics;
                 println!("status            {}", m.status);
@@ -692,6 +707,9 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 println!("solve time        {:.2} s", m.solve_seconds);
                 for entry in &m.infeasible_jobs {
                     println!("infeasible        {}: {}", entry.job, entry.reason);
+                }
+                if explain_gap {
+                    print_gap_breakdown(solution.gap_breakdown.as_ref());
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -1300,6 +1318,65 @@ fn read_maybe_gz(path: &Path) -> Result<String> {
 
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// `windfall solve --explain-gap`'s table: the gap's three parts, the jobs furthest above
+/// their cheapest schedule, and the sites by their share.
+fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
+    let Some(b) = breakdown else {
+        println!(
+            "gap breakdown     none: no Lagrangian prices bound every served job (exact MILP path, \
+             or a plan proven optimal before the prices)"
+        );
+        return;
+    };
+    let kg = |g: f64| g / 1000.0;
+    println!(
+        "gap breakdown     {:.3} kg plan - {:.3} kg Lagrangian bound at its prices = {:.3} kg:",
+        kg(b.objective_g),
+        kg(b.lagrangian_g),
+        kg(b.objective_g - b.lagrangian_g)
+    );
+    println!(
+        "  {:>9.3} kg  jobs' schedules above their cheapest at the prices ({} job(s) at 1 g or more)",
+        kg(b.jobs_above_g),
+        b.jobs_above_count
+    );
+    println!(
+        "  {:>9.3} kg  GPU-slots left idle, at their prices",
+        kg(b.idle_priced_g)
+    );
+    println!(
+        "  {:>9.3} kg  the rest: grid draw and migrations beyond what the prices charge",
+        kg(b.rest_g)
+    );
+    println!("  furthest above:");
+    for job in &b.top_jobs {
+        println!(
+            "  {:>9.3} kg  {} ({} GPU(s), mostly at {})",
+            kg(job.above_g),
+            job.job,
+            job.gpus,
+            job.site
+        );
+    }
+    let mut sites: Vec<&windfall_solver::SiteGap> = b.sites.iter().collect();
+    sites.sort_by(|x, y| {
+        (y.jobs_above_g + y.idle_priced_g).total_cmp(&(x.jobs_above_g + x.idle_priced_g))
+    });
+    println!("  by site (jobs above, idle GPU-slots):");
+    for site in sites
+        .iter()
+        .filter(|s| s.jobs_above_g + s.idle_priced_g >= 0.5e-3 * b.objective_g.abs())
+    {
+        println!(
+            "  {:>9.3} kg  {} ({:.3} + {:.3} kg)",
+            kg(site.jobs_above_g + site.idle_priced_g),
+            site.site,
+            kg(site.jobs_above_g),
+            kg(site.idle_priced_g)
+        );
+    }
 }
 
 fn read_instance(path: &Path) -> Result<Instance> {

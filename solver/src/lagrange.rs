@@ -352,6 +352,17 @@ impl BoundTerms {
         self.constant_g + self.job_g.iter().sum::<f64>()
     }
 
+    /// Job `job`'s term, g: a lower bound on what its cheapest schedule costs at the prices
+    /// (0 for a job left out).
+    pub fn job_g(&self, job: usize) -> f64 {
+        self.job_g[job]
+    }
+
+    /// The jobs priced.
+    pub fn included(&self) -> &[bool] {
+        &self.include
+    }
+
     /// Keeps each job's larger term (both at the same prices and over the same jobs).
     pub fn merge(&mut self, other: &BoundTerms) {
         for (mine, theirs) in self.job_g.iter_mut().zip(&other.job_g) {

@@ -21,6 +21,7 @@
 //! - `master`: the master LP over those programmes' schedules (the Lagrangian dual to its
 //!   optimum) and the restricted master MILP over the real ones;
 //! - `subsets`: the bound from groups of jobs solved exactly on their own (superadditivity);
+//! - `gap`: where a plan's gap lies against the Lagrangian bound at the bound's prices;
 //! - `validate`: the independent oracle.
 
 // Rationale: the model indexes several parallel arrays by site and slot; index loops say so.
@@ -28,6 +29,7 @@
 
 mod colgen;
 mod exchange;
+mod gap;
 mod heuristic;
 mod improve;
 pub mod instance;
@@ -40,6 +42,7 @@ mod sites;
 mod subsets;
 pub mod validate;
 
+pub use gap::{GapBreakdown, JobAbove, SiteGap};
 pub use instance::{CarbonSignal, GpuModel, Instance, InstanceError, Job, Params, Site, UtcTime};
 pub use plan::{Assignment, Infeasible, Metrics, Migration, Plan};
 pub use validate::{SiteSeries, Validation, validate};
@@ -357,6 +360,9 @@ pub struct Solution {
     pub plan: Plan,
     /// Its metrics (`solve_seconds` is left at 0 for the caller to fill in).
     pub metrics: Metrics,
+    /// Where its gap lies against the Lagrangian bound at the bound's prices, when such
+    /// prices bound every job it serves (on the Lagrangian and column-generation paths).
+    pub gap_breakdown: Option<GapBreakdown>,
 }
 
 /// Plans an instance. Jobs that cannot be served are reported by id with a reason and the rest
@@ -628,6 +634,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // The Lagrangian prices at the best bound, when there are any: what a GPU-slot (and a kW)
     // is worth to other jobs.
     let mut best_prices: Option<heuristic::Prices> = None;
+    // The bound's terms at those prices, per job, from their last pricing.
+    let mut final_terms: Option<lagrange::BoundTerms> = None;
     // Column generation's plan can gain from the same rounds (they are cheap next to it).
     if large || (use_colgen && !proven_optimal) {
         // Rounds of subgradient ascent, each followed by a construction at the best prices so
@@ -896,6 +904,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     bound / 1000.0
                 )
             });
+            final_terms = Some(terms);
         }
         best_prices = prices;
         let before = method.clone();
@@ -1319,7 +1328,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         solve_seconds: 0.0,
         method,
     };
-    Solution { plan, metrics }
+    let gap_breakdown = match (&best_prices, &final_terms) {
+        (Some(prices), Some(terms)) => gap::breakdown(&problem, &chosen, prices, terms),
+        _ => None,
+    };
+    Solution {
+        plan,
+        metrics,
+        gap_breakdown,
+    }
 }
 
 /// Whether serving any of `jobs` can only add to a plan's objective: every grid weight is

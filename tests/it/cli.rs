@@ -79,6 +79,71 @@ fn solve_then_validate_agree_on_emissions() {
     );
 }
 
+/// `solve --explain-gap`: with `--json` the metrics carry the breakdown, whose parts add up
+/// to the plan less the bound at the prices (at most the bound reported); as a table it names
+/// the parts and the jobs furthest above their cheapest schedule. On the exact MILP's path
+/// it says there is none.
+#[test]
+fn explain_gap_splits_the_gap_into_parts_that_add_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance_path = dir.path().join("instance.json");
+    std::fs::write(&instance_path, random_instance(23, 40, 3, 24).to_json()).unwrap();
+    let solve = |extra: &[&str]| {
+        let mut args = vec![
+            OsStr::new("solve"),
+            OsStr::new("--time-limit"),
+            OsStr::new("5"),
+            OsStr::new("--explain-gap"),
+            OsStr::new("--instance"),
+            instance_path.as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        let out = windfall(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let out = solve(&["--method", "lagrangian", "--json"]);
+    let metrics: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = &metrics["gap_breakdown"];
+    let g = |key: &str| {
+        b[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {key} in {metrics}"))
+    };
+    let objective_g = metrics["objective_g"].as_f64().unwrap();
+    let parts_g = g("jobs_above_g") + g("idle_priced_g") + g("rest_g");
+    assert!(
+        (objective_g - g("lagrangian_g") - parts_g).abs() <= 1e-6 * objective_g,
+        "{b}"
+    );
+    assert!(g("lagrangian_g") <= metrics["lower_bound_g"].as_f64().unwrap() + 1e-6 * objective_g);
+    assert!(
+        b["top_jobs"]
+            .as_array()
+            .is_some_and(|jobs| !jobs.is_empty()),
+        "{b}"
+    );
+    assert_eq!(b["sites"].as_array().map(Vec::len), Some(3), "{b}");
+
+    let table = String::from_utf8_lossy(&solve(&["--method", "lagrangian"]).stdout).to_string();
+    for needle in [
+        "gap breakdown",
+        "jobs' schedules above",
+        "GPU-slots left idle",
+        "furthest above:",
+    ] {
+        assert!(table.contains(needle), "no `{needle}` in {table}");
+    }
+
+    std::fs::write(&instance_path, random_instance(23, 6, 2, 12).to_json()).unwrap();
+    let table = String::from_utf8_lossy(&solve(&[]).stdout).to_string();
+    assert!(table.contains("gap breakdown     none"), "{table}");
+}
+
 #[test]
 fn an_invalid_plan_exits_1_with_violations() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,223 @@
+//! Where a plan's gap lies: the plan's objective less the Lagrangian bound at the bound's
+//! prices, split into what each job's schedule costs above its cheapest relaxed schedule at
+//! those prices, what the GPU-slots the plan leaves idle are priced at, and the rest (the
+//! plan's grid draw and migrations beyond what the power prices charge).
+//!
+//! Rationale: with `mu` (per GPU-slot) and `lambda` (per kW) the prices, the Lagrangian value
+//! is the sum over jobs of each one's cheapest priced schedule plus terms that depend on the
+//! prices alone, so `plan - bound` is exactly the sum of three parts, each at least zero for a
+//! valid plan: a job's priced schedule costs at least its cheapest; an idle GPU-slot's price
+//! is not negative; the rest is what the plan's draw costs above its priced linearisation. A
+//! large first part on few jobs points at jobs that the relaxation splits and a plan cannot
+//! (gangs that fill a site); a large second part at capacity the relaxation uses and the plan
+//! does not.
+//!
+//! It must not perform I/O or read the clock; it reads a finished plan and changes nothing.
+
+use serde::{Deserialize, Serialize};
+
+use crate::heuristic::{Prices, progress};
+use crate::lagrange::BoundTerms;
+use crate::problem::{Problem, Schedule};
+
+/// Jobs listed in [`GapBreakdown::top_jobs`].
+const TOP_JOBS: usize = 10;
+
+/// A plan's gap against the Lagrangian bound at the bound's prices, in three parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GapBreakdown {
+    /// The Lagrangian value at the prices, g: a lower bound, at most the bound reported.
+    pub lagrangian_g: f64,
+    /// The plan's objective, g.
+    pub objective_g: f64,
+    /// Over the served jobs, what each one's schedule costs at the prices above its cheapest
+    /// relaxed schedule there, g.
+    pub jobs_above_g: f64,
+    /// Served jobs whose schedule costs at least 1 g above their cheapest.
+    pub jobs_above_count: usize,
+    /// The prices of the GPU-slots the plan leaves idle, g.
+    pub idle_priced_g: f64,
+    /// The rest: the plan's grid draw and migrations beyond what the prices charge, g.
+    pub rest_g: f64,
+    /// The jobs furthest above their cheapest schedule, furthest first.
+    pub top_jobs: Vec<JobAbove>,
+    /// Per site, in the instance's order.
+    pub sites: Vec<SiteGap>,
+}
+
+/// One job's schedule against its cheapest at the prices.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobAbove {
+    pub job: String,
+    pub gpus: u32,
+    /// The site where the plan runs it in most slots.
+    pub site: String,
+    /// Its schedule's cost at the prices above its cheapest, g.
+    pub above_g: f64,
+}
+
+/// One site's share of the first two parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteGap {
+    pub site: String,
+    /// `jobs_above_g` of the jobs the plan runs there in most slots, g.
+    pub jobs_above_g: f64,
+    /// The prices of its idle GPU-slots, g.
+    pub idle_priced_g: f64,
+}
+
+/// The breakdown of `schedule` at `prices`, whose bound terms are `terms`; `None` unless the
+/// terms price exactly the jobs the schedule serves.
+pub(crate) fn breakdown(
+    problem: &Problem,
+    schedule: &Schedule,
+    prices: &Prices,
+    terms: &BoundTerms,
+) -> Option<GapBreakdown> {
+    let n_jobs = problem.jobs.len();
+    let served: Vec<bool> = schedule.runs.iter().map(Option::is_some).collect();
+    if served.as_slice() != terms.included() {
+        return None;
+    }
+    let n_sites = problem.inst.sites.len();
+    let mut usage = vec![vec![0.0; problem.n_slots]; problem.pools.len()];
+    let mut sites: Vec<SiteGap> = problem
+        .inst
+        .sites
+        .iter()
+        .map(|s| SiteGap {
+            site: s.id.clone(),
+            jobs_above_g: 0.0,
+            idle_priced_g: 0.0,
+        })
+        .collect();
+    let mut above: Vec<(f64, usize, usize)> = Vec::new();
+    for job in 0..n_jobs {
+        let Some(runs) = &schedule.runs[job] else {
+            continue;
+        };
+        let gpus = f64::from(problem.jobs[job].gpus);
+        let mut priced_g = 0.0;
+        let mut slots_at = vec![0usize; n_sites];
+        for run in runs {
+            priced_g += gpus * prices.gpu[run.pool][run.slot]
+                + problem.change_g(job, run.slot, run.pool, run.level);
+            usage[run.pool][run.slot] += gpus;
+            slots_at[problem.pools[run.pool].site] += 1;
+        }
+        for ((site, slot), kw) in problem.added_load_kw(job, runs) {
+            priced_g += prices.kw[site][slot] * kw;
+        }
+        let migrations = progress(problem, job, runs).map_or(0, |(_, m)| m);
+        priced_g += problem.inst.params.migration_penalty_g * migrations as f64;
+        let site = (0..n_sites)
+            .max_by_key(|&s| (slots_at[s], std::cmp::Reverse(s)))
+            .unwrap_or(0);
+        let above_g = priced_g - terms.job_g(job);
+        sites[site].jobs_above_g += above_g;
+        above.push((above_g, job, site));
+    }
+    for (pool, used) in usage.iter().enumerate() {
+        let spec = &problem.pools[pool];
+        for (slot, &gpus) in used.iter().enumerate() {
+            sites[spec.site].idle_priced_g +=
+                prices.gpu[pool][slot] * (f64::from(spec.gpus) - gpus).max(0.0);
+        }
+    }
+    let objective_g = problem.evaluate(schedule).objective_g;
+    let lagrangian_g = terms.value_g();
+    let jobs_above_g: f64 = above.iter().map(|a| a.0).sum();
+    let idle_priced_g: f64 = sites.iter().map(|s| s.idle_priced_g).sum();
+    above.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    Some(GapBreakdown {
+        lagrangian_g,
+        objective_g,
+        jobs_above_g,
+        jobs_above_count: above.iter().filter(|a| a.0 >= 1.0).count(),
+        idle_priced_g,
+        rest_g: objective_g - lagrangian_g - jobs_above_g - idle_priced_g,
+        top_jobs: above
+            .iter()
+            .take(TOP_JOBS)
+            .map(|&(above_g, job, site)| JobAbove {
+                job: problem.inst.jobs[job].id.clone(),
+                gpus: problem.jobs[job].gpus,
+                site: problem.inst.sites[site].id.clone(),
+                above_g,
+            })
+            .collect(),
+        sites,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::master::tests::random_instance;
+    use crate::{Method, SolveOptions, solve, validate};
+
+    /// On the Lagrangian and column-generation paths the breakdown prices the plan solved: no
+    /// part is below zero (a job's schedule costs at least its cheapest at the prices, an idle
+    /// GPU-slot's price is not negative, and the plan's draw costs at least its priced
+    /// linearisation), no job or site is below zero, and the bound at the prices is at most
+    /// the one reported. The exact MILP's path, which prices nothing, has none.
+    #[test]
+    fn no_part_of_the_gap_is_negative_and_the_bound_at_the_prices_holds() {
+        let mut explained = 0;
+        for (seed, n_jobs, method) in [
+            (0, 40, Method::Lagrangian),
+            (1, 40, Method::Lagrangian),
+            (2, 60, Method::Lagrangian),
+            (3, 30, Method::Auto),
+            (4, 30, Method::Auto),
+        ] {
+            let instance = random_instance(seed, n_jobs, 3, 24);
+            let options = SolveOptions {
+                method,
+                time_limit_s: 5.0,
+                ..SolveOptions::default()
+            };
+            let solution = solve(&instance, &options);
+            assert!(validate(&instance, &solution.plan).valid, "seed {seed}");
+            // None only off the Lagrangian path, or where the plan serves jobs the prices
+            // did not (admitted after the bound).
+            let Some(b) = solution.gap_breakdown else {
+                assert!(
+                    method == Method::Auto
+                        || solution.metrics.method.contains("more job(s) served"),
+                    "seed {seed}: {}",
+                    solution.metrics.method
+                );
+                continue;
+            };
+            explained += 1;
+            let objective_g = solution.metrics.objective_g;
+            let tol_g = 1e-6 * objective_g.abs().max(1.0);
+            assert!((b.objective_g - objective_g).abs() <= tol_g, "seed {seed}");
+            assert!(
+                b.lagrangian_g <= solution.metrics.lower_bound_g + tol_g,
+                "seed {seed}: {} above the reported bound {}",
+                b.lagrangian_g,
+                solution.metrics.lower_bound_g
+            );
+            assert!(b.jobs_above_g >= -tol_g, "seed {seed}: {b:?}");
+            assert!(b.idle_priced_g >= -tol_g, "seed {seed}: {b:?}");
+            assert!(b.rest_g >= -tol_g, "seed {seed}: {b:?}");
+            for job in &b.top_jobs {
+                assert!(job.above_g >= -tol_g, "seed {seed}: {job:?}");
+            }
+            for site in &b.sites {
+                assert!(site.idle_priced_g >= -tol_g, "seed {seed}: {site:?}");
+            }
+            let sites_g: f64 = b.sites.iter().map(|s| s.jobs_above_g).sum();
+            assert!((sites_g - b.jobs_above_g).abs() <= tol_g, "seed {seed}");
+        }
+        assert!(explained >= 3, "{explained} breakdown(s)");
+
+        let small = random_instance(5, 8, 2, 12);
+        let solution = solve(&small, &SolveOptions::default());
+        assert!(
+            solution.gap_breakdown.is_none(),
+            "the exact MILP prices nothing"
+        );
+    }
+}
