@@ -1320,8 +1320,12 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// Sites `solve --explain-gap`'s table lists.
+const SITES_SHOWN: usize = 12;
+
 /// `windfall solve --explain-gap`'s table: the gap's three parts, the jobs furthest above
-/// their cheapest schedule, and the sites by their share.
+/// their cheapest schedule, and the sites with the largest shares (at most `SITES_SHOWN`, each
+/// at least 0.05 % of the plan; `--json` has every site).
 fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
     let Some(b) = breakdown else {
         println!(
@@ -1350,8 +1354,8 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         "  {:>9.3} kg  the rest: grid draw and migrations beyond what the prices charge",
         kg(b.rest_g)
     );
-    println!("  furthest above:");
-    for job in &b.top_jobs {
+    println!("  furthest above (1 g or more):");
+    for job in b.top_jobs.iter().filter(|j| j.above_g >= 1.0) {
         println!(
             "  {:>9.3} kg  {} ({} GPU(s), mostly at {})",
             kg(job.above_g),
@@ -1364,9 +1368,10 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
     sites.sort_by(|x, y| {
         (y.jobs_above_g + y.idle_priced_g).total_cmp(&(x.jobs_above_g + x.idle_priced_g))
     });
-    println!("  by site (jobs above, idle GPU-slots):");
+    println!("  by site, largest first (jobs above + idle GPU-slots):");
     for site in sites
         .iter()
+        .take(SITES_SHOWN)
         .filter(|s| s.jobs_above_g + s.idle_priced_g >= 0.5e-3 * b.objective_g.abs())
     {
         println!(

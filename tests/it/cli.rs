@@ -134,7 +134,7 @@ fn explain_gap_splits_the_gap_into_parts_that_add_up() {
         "gap breakdown",
         "jobs' schedules above",
         "GPU-slots left idle",
-        "furthest above:",
+        "furthest above (1 g or more):",
     ] {
         assert!(table.contains(needle), "no `{needle}` in {table}");
     }
