@@ -1356,8 +1356,12 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
     );
     println!("  furthest above (1 g or more):");
     for job in b.top_jobs.iter().filter(|j| j.above_g >= 1.0) {
+        let cheapest = job
+            .cheapest_site
+            .as_ref()
+            .map_or(String::new(), |s| format!("; cheapest at the prices: {s}"));
         println!(
-            "  {:>9.3} kg  {} ({} GPU(s), mostly at {})",
+            "  {:>9.3} kg  {} ({} GPU(s), mostly at {}{cheapest})",
             kg(job.above_g),
             job.job,
             job.gpus,

@@ -17,8 +17,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::heuristic::{Prices, progress};
-use crate::lagrange::BoundTerms;
-use crate::problem::{Problem, Schedule};
+use crate::lagrange::{BoundTerms, Grid, Pricer};
+use crate::problem::{Problem, Schedule, Slot};
 
 /// Jobs listed in [`GapBreakdown::top_jobs`].
 const TOP_JOBS: usize = 10;
@@ -52,6 +52,9 @@ pub struct JobAbove {
     pub gpus: u32,
     /// The site where the plan runs it in most slots.
     pub site: String,
+    /// The site where its cheapest relaxed schedule at the prices runs in most slots (on the
+    /// fine work grid), when it has one.
+    pub cheapest_site: Option<String>,
     /// Its schedule's cost at the prices above its cheapest, g.
     pub above_g: f64,
 }
@@ -91,6 +94,16 @@ pub(crate) fn breakdown(
             idle_priced_g: 0.0,
         })
         .collect();
+    // The site where `runs` spend most slots (the first of a tie).
+    let most_slots_at = |runs: &[Slot]| {
+        let mut slots_at = vec![0usize; n_sites];
+        for run in runs {
+            slots_at[problem.pools[run.pool].site] += 1;
+        }
+        (0..n_sites)
+            .max_by_key(|&s| (slots_at[s], std::cmp::Reverse(s)))
+            .unwrap_or(0)
+    };
     let mut above: Vec<(f64, usize, usize)> = Vec::new();
     for job in 0..n_jobs {
         let Some(runs) = &schedule.runs[job] else {
@@ -98,21 +111,17 @@ pub(crate) fn breakdown(
         };
         let gpus = f64::from(problem.jobs[job].gpus);
         let mut priced_g = 0.0;
-        let mut slots_at = vec![0usize; n_sites];
         for run in runs {
             priced_g += gpus * prices.gpu[run.pool][run.slot]
                 + problem.change_g(job, run.slot, run.pool, run.level);
             usage[run.pool][run.slot] += gpus;
-            slots_at[problem.pools[run.pool].site] += 1;
         }
         for ((site, slot), kw) in problem.added_load_kw(job, runs) {
             priced_g += prices.kw[site][slot] * kw;
         }
         let migrations = progress(problem, job, runs).map_or(0, |(_, m)| m);
         priced_g += problem.inst.params.migration_penalty_g * migrations as f64;
-        let site = (0..n_sites)
-            .max_by_key(|&s| (slots_at[s], std::cmp::Reverse(s)))
-            .unwrap_or(0);
+        let site = most_slots_at(runs);
         let above_g = priced_g - terms.job_g(job);
         sites[site].jobs_above_g += above_g;
         above.push((above_g, job, site));
@@ -129,6 +138,14 @@ pub(crate) fn breakdown(
     let jobs_above_g: f64 = above.iter().map(|a| a.0).sum();
     let idle_priced_g: f64 = sites.iter().map(|s| s.idle_priced_g).sum();
     above.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    // Where the jobs furthest above would run at the prices: their relaxed schedules, priced
+    // once more (only theirs).
+    let mut top = vec![false; n_jobs];
+    for &(_, job, _) in above.iter().take(TOP_JOBS) {
+        top[job] = true;
+    }
+    let mut pricer = Pricer::new(problem, &top, Grid::Fine, false);
+    let priced = pricer.price(&prices.gpu, &prices.kw, true);
     Some(GapBreakdown {
         lagrangian_g,
         objective_g,
@@ -143,6 +160,10 @@ pub(crate) fn breakdown(
                 job: problem.inst.jobs[job].id.clone(),
                 gpus: problem.jobs[job].gpus,
                 site: problem.inst.sites[site].id.clone(),
+                cheapest_site: pricer.runs[job]
+                    .as_deref()
+                    .filter(|runs| priced && !runs.is_empty())
+                    .map(|runs| problem.inst.sites[most_slots_at(runs)].id.clone()),
                 above_g,
             })
             .collect(),
