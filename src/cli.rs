@@ -1329,8 +1329,8 @@ const SITES_SHOWN: usize = 12;
 fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
     let Some(b) = breakdown else {
         println!(
-            "gap breakdown     none: no Lagrangian prices bound every served job (exact MILP path, \
-             or a plan proven optimal before the prices)"
+            "gap breakdown     none: no Lagrangian prices bound the plan (the exact MILP's path, \
+             or a plan proven optimal before any prices)"
         );
         return;
     };

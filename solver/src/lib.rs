@@ -360,8 +360,8 @@ pub struct Solution {
     pub plan: Plan,
     /// Its metrics (`solve_seconds` is left at 0 for the caller to fill in).
     pub metrics: Metrics,
-    /// Where its gap lies against the Lagrangian bound at the bound's prices, when such
-    /// prices bound every job it serves (on the Lagrangian and column-generation paths).
+    /// Where its gap lies against the Lagrangian bound at the bound's prices, on the paths
+    /// that price (Lagrangian and column generation).
     pub gap_breakdown: Option<GapBreakdown>,
 }
 
