@@ -1211,7 +1211,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             )
         });
     }
+    // Where the final plan's gap lies at the bound's prices; its Lagrangian value also bounds
+    // the plan (it prices jobs served after the bound with the rest).
+    let gap_breakdown = match (&best_prices, &final_terms) {
+        (Some(prices), Some(terms)) => gap::breakdown(&problem, &chosen, prices, terms),
+        _ => None,
+    };
     let mut lower_bound_g = [
+        gap_breakdown.as_ref().map(|b| b.lagrangian_g),
         milp_bound.filter(|_| all_included_served),
         group_bound
             .as_ref()
@@ -1327,10 +1334,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         infeasible_jobs: infeasible,
         solve_seconds: 0.0,
         method,
-    };
-    let gap_breakdown = match (&best_prices, &final_terms) {
-        (Some(prices), Some(terms)) => gap::breakdown(&problem, &chosen, prices, terms),
-        _ => None,
     };
     Solution {
         plan,
