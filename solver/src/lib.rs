@@ -1218,6 +1218,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         _ => None,
     };
     let mut lower_bound_g = [
+        // A plan that serves no job is the only plan serving none: its objective (the idle
+        // floor) is its bound.
+        served.iter().all(|s| !s).then_some(evaluation.objective_g),
         gap_breakdown.as_ref().map(|b| b.lagrangian_g),
         milp_bound.filter(|_| all_included_served),
         group_bound
@@ -1752,6 +1755,20 @@ mod tests {
             groups_kg <= bound_kg + 5e-4,
             "groups' bound {groups_kg} kg above the bound {bound_kg} kg"
         );
+    }
+
+    /// With no job to serve the plan is the idle floor and nothing else: proven optimal, its
+    /// bound its objective, not a 100 % gap.
+    #[test]
+    fn a_plan_with_no_jobs_is_its_own_bound() {
+        let mut instance = random_instance(4, 5, 2, 12);
+        instance.jobs.clear();
+        let solution = solve(&instance, &SolveOptions::default());
+        assert!(validate(&instance, &solution.plan).valid);
+        assert_eq!(solution.metrics.status, "optimal");
+        assert!(solution.metrics.objective_g > 0.0);
+        assert_eq!(solution.metrics.lower_bound_g, solution.metrics.objective_g);
+        assert_eq!(solution.metrics.gap, 0.0);
     }
 
     #[test]
