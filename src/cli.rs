@@ -1351,7 +1351,7 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         kg(b.idle_priced_g)
     );
     println!(
-        "  {:>9.3} kg  the rest: grid draw and migrations beyond what the prices charge",
+        "  {:>9.3} kg  the rest: grid draw beyond what the power prices charge for the load",
         kg(b.rest_g)
     );
     println!("  furthest above (1 g or more):");

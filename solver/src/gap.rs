@@ -1,7 +1,7 @@
 //! Where a plan's gap lies: the plan's objective less the Lagrangian bound at the bound's
 //! prices, split into what each job's schedule costs above its cheapest relaxed schedule at
 //! those prices, what the GPU-slots the plan leaves idle are priced at, and the rest (the
-//! plan's grid draw and migrations beyond what the power prices charge).
+//! plan's grid draw beyond what the power prices charge for its load).
 //!
 //! Rationale: with `mu` (per GPU-slot) and `lambda` (per kW) the prices, the Lagrangian value
 //! is the sum over jobs of each one's cheapest priced schedule plus terms that depend on the
@@ -37,7 +37,7 @@ pub struct GapBreakdown {
     pub jobs_above_count: usize,
     /// The prices of the GPU-slots the plan leaves idle, g.
     pub idle_priced_g: f64,
-    /// The rest: the plan's grid draw and migrations beyond what the prices charge, g.
+    /// The rest: the plan's grid draw beyond what the power prices charge for its load, g.
     pub rest_g: f64,
     /// The jobs furthest above their cheapest schedule, furthest first.
     pub top_jobs: Vec<JobAbove>,
