@@ -518,7 +518,7 @@ pub enum Command {
         /// bound's prices, split into what the jobs' schedules cost above their cheapest at
         /// those prices (with the jobs furthest above), what the GPU-slots the plan leaves idle
         /// are priced at, and the rest; per site. Given on the Lagrangian and
-        /// column-generation paths (with `--json`, as the `gap_breakdown` key).
+        /// column-generation paths (with `--json`, as the `gap_breakdown` key, null elsewhere).
         #[arg(long)]
         explain_gap: bool,
     },
@@ -1329,8 +1329,8 @@ const SITES_SHOWN: usize = 12;
 fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
     let Some(b) = breakdown else {
         println!(
-            "gap breakdown     none: no Lagrangian prices bound the plan (the exact MILP's path, \
-             or a plan proven optimal before any prices)"
+            "gap breakdown     none: no Lagrangian prices bound the plan (the heuristic alone, the \
+             exact MILP's path, or a plan proven optimal before any prices)"
         );
         return;
     };
