@@ -222,6 +222,9 @@ pub struct Figures {
     pub wall_s: f64,
     /// Algorithm summary.
     pub method: String,
+    /// Where the gap lies at the bound's prices, on the paths that price.
+    #[serde(default)]
+    pub gap_breakdown: Option<windfall_solver::GapBreakdown>,
 }
 
 /// One size's result (a child process prints it as one JSON line).
@@ -264,6 +267,7 @@ fn figures(instance: &windfall_solver::Instance, options: &SolveOptions) -> Figu
         unserved: m.infeasible_jobs.len(),
         wall_s: started.elapsed().as_secs_f64(),
         method: m.method.clone(),
+        gap_breakdown: solution.gap_breakdown,
     }
 }
 
@@ -338,6 +342,29 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
         peak_mib,
         windfall.method
     );
+    if let Some(b) = &windfall.gap_breakdown {
+        let furthest: Vec<String> = b
+            .top_jobs
+            .iter()
+            .take(3)
+            .filter(|j| j.above_g >= 1.0)
+            .map(|j| format!("{} ({} GPUs) {:.3}", j.job, j.gpus, j.above_g / 1000.0))
+            .collect();
+        eprintln!(
+            "  where the gap lies (`windfall solve --explain-gap`): {:.3} kg jobs above their \
+             cheapest at the bound's prices ({} jobs; furthest: {}), {:.3} kg idle priced \
+             GPU-slots, {:.3} kg the rest",
+            b.jobs_above_g / 1000.0,
+            b.jobs_above_count,
+            if furthest.is_empty() {
+                "none".to_string()
+            } else {
+                furthest.join(", ")
+            },
+            b.idle_priced_g / 1000.0,
+            b.rest_g / 1000.0
+        );
+    }
     let direct = size.direct_limit_s.filter(|_| run.direct).map(|limit_s| {
         figures(
             &instance,
