@@ -1355,7 +1355,11 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         kg(b.rest_g)
     );
     println!("  furthest above (1 g or more):");
-    for job in b.top_jobs.iter().filter(|j| j.above_g >= 1.0) {
+    for job in b
+        .top_jobs
+        .iter()
+        .filter(|j| j.above_g >= windfall_solver::GapBreakdown::LEAST_ABOVE_G)
+    {
         let cheapest = job
             .cheapest_site
             .as_ref()
@@ -1369,18 +1373,16 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         );
     }
     let mut sites: Vec<&windfall_solver::SiteGap> = b.sites.iter().collect();
-    sites.sort_by(|x, y| {
-        (y.jobs_above_g + y.idle_priced_g).total_cmp(&(x.jobs_above_g + x.idle_priced_g))
-    });
+    sites.sort_by(|x, y| y.total_g().total_cmp(&x.total_g()));
     println!("  by site, largest first (jobs above + idle GPU-slots):");
     for site in sites
         .iter()
         .take(SITES_SHOWN)
-        .filter(|s| s.jobs_above_g + s.idle_priced_g >= 0.5e-3 * b.objective_g.abs())
+        .filter(|s| s.total_g() >= 0.5e-3 * b.objective_g.abs())
     {
         println!(
             "  {:>9.3} kg  {} ({:.3} + {:.3} kg)",
-            kg(site.jobs_above_g + site.idle_priced_g),
+            kg(site.total_g()),
             site.site,
             kg(site.jobs_above_g),
             kg(site.idle_priced_g)

@@ -347,7 +347,7 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
             .top_jobs
             .iter()
             .take(3)
-            .filter(|j| j.above_g >= 1.0)
+            .filter(|j| j.above_g >= windfall_solver::GapBreakdown::LEAST_ABOVE_G)
             .map(|j| format!("{} ({} GPUs) {:.3}", j.job, j.gpus, j.above_g / 1000.0))
             .collect();
         eprintln!(

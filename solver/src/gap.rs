@@ -33,7 +33,7 @@ pub struct GapBreakdown {
     /// Over the served jobs, what each one's schedule costs at the prices above its cheapest
     /// relaxed schedule there, g.
     pub jobs_above_g: f64,
-    /// Served jobs whose schedule costs at least 1 g above their cheapest.
+    /// Served jobs whose schedule costs at least `LEAST_ABOVE_G` above their cheapest.
     pub jobs_above_count: usize,
     /// The prices of the GPU-slots the plan leaves idle, g.
     pub idle_priced_g: f64,
@@ -67,6 +67,19 @@ pub struct SiteGap {
     pub jobs_above_g: f64,
     /// The prices of its idle GPU-slots, g.
     pub idle_priced_g: f64,
+}
+
+impl GapBreakdown {
+    /// A job counts as above its cheapest (in `jobs_above_count`, and where a job is listed
+    /// as furthest above) from this many grams.
+    pub const LEAST_ABOVE_G: f64 = 1.0;
+}
+
+impl SiteGap {
+    /// The site's share of the first two parts, g.
+    pub fn total_g(&self) -> f64 {
+        self.jobs_above_g + self.idle_priced_g
+    }
 }
 
 /// The breakdown of `schedule` at `prices`, whose bound terms are `terms`. Jobs the schedule
@@ -171,7 +184,10 @@ pub(crate) fn breakdown(
         lagrangian_g,
         objective_g,
         jobs_above_g,
-        jobs_above_count: above.iter().filter(|a| a.0 >= 1.0).count(),
+        jobs_above_count: above
+            .iter()
+            .filter(|a| a.0 >= GapBreakdown::LEAST_ABOVE_G)
+            .count(),
         idle_priced_g,
         rest_g: objective_g - lagrangian_g - jobs_above_g - idle_priced_g,
         top_jobs: above
