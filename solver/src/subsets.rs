@@ -41,7 +41,7 @@ const SINGLE_MOST_S: f64 = 0.25;
 const LEAST_S: f64 = 0.05;
 /// Seconds below which no group's MILP is started. Rationale: building a group's model and
 /// HiGHS's presolve take time its limit does not count; on S a second cluster's 11 jobs,
-/// started with 0.11-0.12 s left, ended past the margin and the solve at 5.04-5.07 s of 5.
+/// started with a 0.11-0.12 s limit, ended past the margin and the solve at 5.04-5.07 s of 5.
 const GROUP_LEAST_S: f64 = 0.25;
 /// Relative gap at which the MILPs stop: their bounds are compared in grams against plans of
 /// kilograms.
