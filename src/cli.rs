@@ -44,6 +44,38 @@ pub fn utc_arg(flag: &str, text: &str) -> Result<DateTime<Utc>> {
         .with_context(|| format!("{flag} `{text}` is not an RFC 3339 time with an offset"))
 }
 
+/// A number `ok` accepts, or an error saying what `what` is expected.
+fn number_where(text: &str, ok: impl Fn(f64) -> bool, what: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && ok(v) => Ok(v),
+        _ => Err(format!("must be {what}, got `{text}`")),
+    }
+}
+
+/// A time limit in seconds: a finite number above 0.
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    number_where(text, |s| s > 0.0, "a number of seconds above 0")
+}
+
+/// A relative gap: a fraction in [0, 1), 0.01 meaning 1 %.
+fn gap_fraction(text: &str) -> Result<f64, String> {
+    number_where(
+        text,
+        |g| (0.0..1.0).contains(&g),
+        "a fraction in [0, 1) (0.01 is 1 %)",
+    )
+}
+
+/// A finite number at or above 0.
+fn non_negative(text: &str) -> Result<f64, String> {
+    number_where(text, |v| v >= 0.0, "a number at or above 0")
+}
+
+/// A finite number above 0.
+fn positive(text: &str) -> Result<f64, String> {
+    number_where(text, |v| v > 0.0, "a number above 0")
+}
+
 /// `windfall solve --method`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum MethodArg {
@@ -88,15 +120,15 @@ pub struct CycleArgs {
     #[arg(long, env = "WINDFALL_SLOT_MINUTES", default_value_t = 60)]
     pub slot_minutes: u32,
     /// Solver time limit in seconds.
-    #[arg(long, env = "WINDFALL_TIME_LIMIT", default_value_t = 30.0)]
+    #[arg(long, env = "WINDFALL_TIME_LIMIT", default_value_t = 30.0, value_parser = positive_seconds)]
     pub time_limit: f64,
     /// Plan stability: g CO2e a job-slot changed against the previous plan must save before the
     /// planner moves it (a slot moved elsewhere counts twice).
-    #[arg(long, env = "WINDFALL_CHANGE_PENALTY_G", default_value_t = 10.0)]
+    #[arg(long, env = "WINDFALL_CHANGE_PENALTY_G", default_value_t = 10.0, value_parser = non_negative)]
     pub change_penalty_g: f64,
     /// A site whose newest forecast is older than this (hours) at the horizon start makes the
     /// plan degraded; the plan is still made, on the fallback rules, and says why.
-    #[arg(long, env = "WINDFALL_MAX_FORECAST_AGE_HOURS", default_value_t = 24.0)]
+    #[arg(long, env = "WINDFALL_MAX_FORECAST_AGE_HOURS", default_value_t = 24.0, value_parser = positive)]
     pub max_forecast_age_hours: f64,
 }
 
@@ -289,7 +321,7 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "S,M")]
         sizes: Vec<String>,
         /// Replace each size's time limit, seconds (windfall's and the direct MILP's).
-        #[arg(long)]
+        #[arg(long, value_parser = positive_seconds)]
         time_limit: Option<f64>,
         /// The public data folder.
         #[arg(long, default_value = "../shared/data")]
@@ -399,7 +431,7 @@ pub enum Command {
         #[arg(long, default_value = "windfall-data/provider-cache")]
         cache_dir: PathBuf,
         /// Minutes a cached provider answer is reused instead of fetched again (0: never).
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 30.0, value_parser = non_negative)]
         cache_minutes: f64,
         /// The file's layout.
         #[arg(long, value_enum, default_value_t = IngestFormat::Canonical)]
@@ -469,7 +501,7 @@ pub enum Command {
         #[arg(long, default_value_t = 48)]
         slots: usize,
         /// MILP time limit in seconds; the heuristic's plan is used if nothing better is found.
-        #[arg(long, default_value_t = 20.0)]
+        #[arg(long, default_value_t = 20.0, value_parser = positive_seconds)]
         time_limit: f64,
     },
     /// Solve an instance file (JSON: horizon, GPU models, sites with signals, jobs) and print its metrics.
@@ -494,10 +526,11 @@ pub enum Command {
         /// bounds the plan gets at least 10 s more when no other step bounded the plan; once one
         /// has, it gets only what is left of the limit. Up to 200 jobs a second thread also bounds
         /// the plan within the limit by groups of jobs solved exactly on their own.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
         time_limit: f64,
-        /// Relative gap (plan vs lower bound) at which a plan counts as optimal.
-        #[arg(long, default_value_t = 1e-4)]
+        /// Relative gap (plan vs lower bound) at which a plan counts as optimal, as a fraction in
+        /// [0, 1): 0.001 is 0.1 %.
+        #[arg(long, default_value_t = 1e-4, value_parser = gap_fraction)]
         gap: f64,
         /// Algorithm: `auto` (exact MILP up to 12 jobs, column generation up to 200 jobs and
         /// 50,000 run variables (job x slot x pool x power level in the windows), the Lagrangian

@@ -185,6 +185,56 @@ fn a_malformed_instance_is_named_in_the_error() {
 }
 
 #[test]
+fn limits_and_gaps_out_of_range_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("instance.json");
+    std::fs::write(&path, random_instance(3, 4, 2, 12).to_json()).unwrap();
+    let instance = path.to_str().unwrap();
+    for (flag, value, expected) in [
+        ("--gap", "2", "a fraction in [0, 1)"),
+        ("--gap", "-0.1", "a fraction in [0, 1)"),
+        ("--time-limit", "nan", "seconds above 0"),
+        ("--time-limit", "0", "seconds above 0"),
+        ("--time-limit", "inf", "seconds above 0"),
+    ] {
+        let out = windfall(["solve", "--instance", instance, &format!("{flag}={value}")]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains(expected), "{err}");
+        assert!(out.stdout.is_empty(), "{flag} {value}: nothing solved");
+    }
+    // The planning service's settings, from a configuration file as from a flag.
+    let config = dir.path().join("windfall.toml");
+    std::fs::write(&config, "time_limit = -3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_windfall"))
+        .args(["--config", config.to_str().unwrap(), "plan"])
+        .env_remove("WINDFALL_TIME_LIMIT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--time-limit") && err.contains("`-3`"),
+        "{err}"
+    );
+    // In range, the same flags solve.
+    let out = windfall([
+        "solve",
+        "--instance",
+        instance,
+        "--gap",
+        "0.01",
+        "--time-limit",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn demo_prints_the_summary_and_writes_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let out = windfall([
