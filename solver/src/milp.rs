@@ -16,13 +16,14 @@ use crate::problem::{Problem, Schedule, Slot};
 /// Tie-break weight per slot index and run, g: prefers earlier completion among equal plans.
 const EARLINESS_G: f64 = 1e-7;
 
-/// Columns above which HiGHS runs without presolve. Its presolve checks the time limit only
-/// between reductions: on the benchmark's 1,000-job direct MILP (2.9 million columns) it ran
-/// for 181 s of a 120 s limit even without its slowest rule (parallel rows and columns), and for
-/// 325-452 s with it; without presolve that solve ends at 135 s, with the same plan, at twice
-/// the memory (7.0 GiB against 3.4 GiB; docs/benchmarks.md). The compact models the solver's
+/// Columns above which HiGHS runs without presolve and without its MIP's symmetry detection.
+/// Presolve checks the time limit only between reductions: on the benchmark's 1,000-job direct
+/// MILP (2.9 million columns) it ran for 181 s of a 120 s limit even without its slowest rule
+/// (parallel rows and columns), and 325-452 s with it; without presolve HiGHS stopped at 129 s,
+/// and without the symmetry detection too at 120 s, with the same plan, at about twice the
+/// memory (7.0-7.3 GiB against 3.4 GiB; docs/benchmarks.md). The compact models the solver's
 /// own steps build (up to 200 jobs and 50,000 run variables; S at 15-minute slots has 80,798
-/// columns) keep presolve.
+/// columns) keep both.
 const PRESOLVE_MOST_COLUMNS: usize = 200_000;
 
 /// HiGHS settings for one solve.
@@ -647,6 +648,7 @@ fn build_and_solve(
     model.set_option("random_seed", 0);
     if warm_values.len() > PRESOLVE_MOST_COLUMNS {
         model.set_option("presolve", "off");
+        model.set_option("mip_detect_symmetry", false);
     }
     if warm.is_some() && !config.relax {
         model.set_solution(Some(&warm_values), None, None, None);
