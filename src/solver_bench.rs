@@ -372,6 +372,8 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
                 time_limit_s: limit_s,
                 mip_rel_gap: 1e-3,
                 method: Method::DirectMilp,
+                // Its limit counts from the start, model build included, as windfall's does.
+                stop: stop_after(limit_s),
                 ..SolveOptions::default()
             },
         )

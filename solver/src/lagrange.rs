@@ -1866,6 +1866,7 @@ mod tests {
             None,
             None,
             &crate::milp::MilpConfig {
+                budget: None,
                 time_limit_s: 30.0,
                 mip_rel_gap: 1e-9,
                 relax: false,

@@ -532,7 +532,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         }
     } else if matches!(options.method, Method::Auto | Method::DirectMilp) && !large {
         let include: Vec<bool> = skip.iter().map(|s| !s).collect();
+        // Under a caller's budget the model's build counts: a fleet's direct MILP (millions of
+        // columns) takes seconds to build before HiGHS's own clock starts.
         let config = milp::MilpConfig {
+            budget: Some(milp::Budget {
+                stop: &options.stop,
+                limit_s: options.time_limit_s,
+            }),
             time_limit_s: options.time_limit_s * full_milp_share,
             mip_rel_gap: options.mip_rel_gap,
             relax: false,
@@ -1014,6 +1020,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             });
             if let Some(relaxed) = compact.as_ref().and_then(|c| c.relaxed.as_ref()) {
                 let config = milp::MilpConfig {
+                    budget: None,
                     time_limit_s: options.time_limit_s * RINS_SHARE,
                     mip_rel_gap: sub_gap,
                     relax: false,
@@ -1027,6 +1034,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     }
                     rins_share += RINS_SHARE;
                     let config = milp::MilpConfig {
+                        budget: None,
                         time_limit_s: share_or_rest_s(
                             config.time_limit_s,
                             left_s(),
@@ -1098,6 +1106,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         {
             let served_now: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let config = milp::MilpConfig {
+                budget: None,
                 time_limit_s: time_left_s * LEFTOVER_MILP_SHARE,
                 mip_rel_gap: options.mip_rel_gap,
                 relax: false,
@@ -1486,6 +1495,7 @@ fn compact_relaxation(
         return None;
     }
     let config = milp::MilpConfig {
+        budget: None,
         time_limit_s,
         mip_rel_gap: options.mip_rel_gap,
         relax: true,
@@ -1660,6 +1670,7 @@ fn neighbourhood_search(
         usize::MAX
     };
     let mut config = milp::MilpConfig {
+        budget: None,
         time_limit_s: NEIGHBOURHOOD_LIMIT_S,
         mip_rel_gap,
         relax: false,

@@ -697,6 +697,7 @@ pub(crate) mod tests {
         n_slots: usize,
     ) -> Vec<ProvenOptimum> {
         let exact = milp::MilpConfig {
+            budget: None,
             time_limit_s: 30.0,
             mip_rel_gap: 1e-7,
             relax: false,

@@ -28,8 +28,12 @@ const PRESOLVE_MOST_COLUMNS: usize = 200_000;
 
 /// HiGHS settings for one solve.
 #[derive(Clone, Debug)]
-pub(crate) struct MilpConfig {
+pub(crate) struct MilpConfig<'a> {
     pub time_limit_s: f64,
+    /// The caller's budget, when the model's build counts against it: HiGHS then gets at most
+    /// what is left of it once the model is built (a large model takes seconds to build, which
+    /// HiGHS's own limit does not count).
+    pub budget: Option<Budget<'a>>,
     pub mip_rel_gap: f64,
     /// Solve the LP relaxation instead of the MILP.
     pub relax: bool,
@@ -37,6 +41,22 @@ pub(crate) struct MilpConfig {
     pub soft_work: bool,
     /// Print HiGHS's log to standard output.
     pub log: bool,
+}
+
+/// A caller's budget: its stop signal and its limit, seconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budget<'a> {
+    pub stop: &'a crate::Stop,
+    pub limit_s: f64,
+}
+
+impl Budget<'_> {
+    /// Seconds left of the budget; unbounded when the stop signal tells no share.
+    fn left_s(&self) -> f64 {
+        self.stop
+            .passed()
+            .map_or(f64::INFINITY, |p| (1.0 - p).max(0.0) * self.limit_s)
+    }
 }
 
 /// What HiGHS returned.
@@ -642,7 +662,10 @@ fn build_and_solve(
         model.set_option("output_flag", true);
         model.set_option("log_to_console", true);
     }
-    model.set_option("time_limit", config.time_limit_s.max(0.01));
+    let time_limit_s = config
+        .budget
+        .map_or(config.time_limit_s, |b| config.time_limit_s.min(b.left_s()));
+    model.set_option("time_limit", time_limit_s.max(0.01));
     model.set_option("mip_rel_gap", config.mip_rel_gap);
     model.set_option("threads", 1);
     model.set_option("random_seed", 0);
@@ -809,6 +832,7 @@ mod tests {
         let problem = Problem::new(&instance);
         assert_eq!(problem.min_window_slots(0, 0, 1), 2);
         let config = MilpConfig {
+            budget: None,
             time_limit_s: 30.0,
             mip_rel_gap: 1e-7,
             relax: false,
@@ -839,9 +863,50 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_gives_highs_only_what_is_left_of_it() {
+        let quarter_left = crate::Stop::budget(|| 0.75);
+        let budget = |stop| Budget {
+            stop,
+            limit_s: 40.0,
+        };
+        let overrun = crate::Stop::budget(|| 1.5);
+        let no_budget = crate::Stop::default();
+        assert!((budget(&quarter_left).left_s() - 10.0).abs() < 1e-9);
+        assert!(budget(&overrun).left_s().abs() < 1e-9);
+        assert_eq!(budget(&no_budget).left_s(), f64::INFINITY);
+
+        // A budget spent while the model was built: HiGHS stops at once with the warm start,
+        // where the 30 s the step was given would have searched on.
+        let never = || false;
+        let instance = random_instance(3, 20, 4, 24);
+        let problem = Problem::new(&instance);
+        let skip = vec![false; problem.jobs.len()];
+        let (start, failed) = heuristic::construct(&problem, &skip, false, &never);
+        assert!(failed.is_empty());
+        let spent = crate::Stop::budget(|| 1.0);
+        let config = MilpConfig {
+            budget: Some(budget(&spent)),
+            time_limit_s: 30.0,
+            mip_rel_gap: 1e-7,
+            relax: false,
+            soft_work: false,
+            log: false,
+        };
+        let include = vec![true; problem.jobs.len()];
+        let started = std::time::Instant::now();
+        let outcome = solve(&problem, &include, Some(&start), None, &config).expect("MILP");
+        // Without the budget this MILP runs to its 30 s and proves nothing either.
+        assert!(started.elapsed().as_secs_f64() < 10.0);
+        assert!(!outcome.proven_optimal);
+        let kept = outcome.schedule.expect("the warm start is kept");
+        assert!(problem.evaluate(&kept).objective_g <= problem.evaluate(&start).objective_g + 1e-6);
+    }
+
+    #[test]
     fn rins_never_loses_the_incumbent_and_finds_the_optimum_the_relaxation_points_at() {
         let never = || false;
         let exact = MilpConfig {
+            budget: None,
             time_limit_s: 30.0,
             mip_rel_gap: 1e-7,
             relax: false,

@@ -94,6 +94,7 @@ pub(crate) fn search(
             site_of[j] = Some(*site);
         }
         let config = milp::MilpConfig {
+            budget: None,
             time_limit_s: limit_s,
             mip_rel_gap,
             relax: false,

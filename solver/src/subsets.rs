@@ -86,6 +86,7 @@ pub(crate) fn group_bound(
         })
         .objective_g;
     let config = |time_limit_s: f64| milp::MilpConfig {
+        budget: None,
         time_limit_s,
         mip_rel_gap: MILP_REL_GAP,
         relax: false,
@@ -373,6 +374,7 @@ mod tests {
         assert!((group.floor_g - 75.0).abs() < 1e-6, "{group:?}");
         assert!((group.bound_g - optimum_g).abs() < 1e-3, "{group:?}");
         let relax = milp::MilpConfig {
+            budget: None,
             time_limit_s: 10.0,
             mip_rel_gap: 1e-9,
             relax: true,
