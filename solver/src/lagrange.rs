@@ -943,17 +943,6 @@ impl<'p, 'a> Pricer<'p, 'a> {
                         .collect()
                 })
                 .collect();
-            if !problem.previous[job].is_empty() {
-                jobs.push(JobPricing {
-                    job,
-                    groups: Vec::new(),
-                    own: pool_sets,
-                    unit_h,
-                    units,
-                    moving: None,
-                });
-                continue;
-            }
             let mut group_of = |pools: Vec<usize>| {
                 let next = groups.len();
                 let group = *group_ids.entry(pools.clone()).or_insert(next);
@@ -965,6 +954,19 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 }
                 group
             };
+            if !problem.previous[job].is_empty() {
+                // Priced on its own, from the shared options of the same pools and its
+                // previous runs (see `own_options`).
+                jobs.push(JobPricing {
+                    job,
+                    groups: pool_sets.iter().cloned().map(&mut group_of).collect(),
+                    own: pool_sets,
+                    unit_h,
+                    units,
+                    moving: None,
+                });
+                continue;
+            }
             let site_groups: Vec<usize> = if moving {
                 sites
                     .iter()
@@ -1080,32 +1082,71 @@ impl<'p, 'a> Pricer<'p, 'a> {
         f64::from(self.problem.jobs[job].gpus) * self.pool_kw[run.pool][run.level]
     }
 
-    /// The options of a pool set in one slot: per GPU (`job` = `None`) or for a whole job.
+    /// The options of a pool set in one slot, per GPU.
     fn options_at(
         &self,
         pools: &[usize],
         slot: usize,
         mu: &[Vec<f64>],
         lambda: &[Vec<f64>],
-        job: Option<usize>,
         points: &mut Vec<Option_>,
     ) {
-        let problem = self.problem;
         points.clear();
-        let gpus = job.map_or(1.0, |j| f64::from(problem.jobs[j].gpus));
         for &pool in pools {
-            let site = problem.pools[pool].site;
+            let site = self.problem.pools[pool].site;
             for level in 0..self.pool_kw[pool].len() {
                 points.push(Option_ {
                     work_h: self.pool_work[pool][level],
-                    cost_g: gpus
-                        * (mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot])
-                        + job.map_or(0.0, |j| problem.change_g(j, slot, pool, level)),
+                    cost_g: mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot],
                     pool,
                     level,
                 });
             }
         }
+    }
+
+    /// `scratch.own_options[slot]`: the options of a job with change costs in its alternative
+    /// `a` at `slot`: every run of its pools, for all its GPUs and with the job's change costs,
+    /// on their frontier of work and cost, built from the alternative's shared group. A change cost is the same
+    /// `+penalty` for every run but the previous plan's in that slot, so the group's frontier,
+    /// scaled to the job's GPUs and raised by it, with the previous run (at `-penalty`)
+    /// added, has the same frontier as every run of the pools.
+    fn own_options(
+        &self,
+        jp: &JobPricing,
+        a: usize,
+        slot: usize,
+        mu: &[Vec<f64>],
+        lambda: &[Vec<f64>],
+        scratch: &mut Scratch,
+    ) {
+        let problem = self.problem;
+        let job = jp.job;
+        let gpus = f64::from(problem.jobs[job].gpus);
+        let points = &mut scratch.points;
+        points.clear();
+        points.extend(
+            self.groups[jp.groups[a]].options[slot]
+                .iter()
+                .map(|o| Option_ {
+                    cost_g: gpus * o.cost_g + problem.change_g(job, slot, o.pool, o.level),
+                    ..*o
+                }),
+        );
+        if let Some(&(pool, level)) = problem.previous[job]
+            .get(&slot)
+            .filter(|(pool, _)| jp.own[a].contains(pool))
+        {
+            let site = problem.pools[pool].site;
+            points.push(Option_ {
+                work_h: self.pool_work[pool][level],
+                cost_g: gpus * (mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot])
+                    + problem.change_g(job, slot, pool, level),
+                pool,
+                level,
+            });
+        }
+        pareto(points, &mut scratch.own_options[slot]);
     }
 
     /// The cheapest relaxed (or, without `round_up`, real) schedule of the `i`-th included job
@@ -1156,10 +1197,17 @@ impl<'p, 'a> Pricer<'p, 'a> {
         };
         // Alternatives (a job that may run at any one of its sites has one per site) are
         // priced cheapest floor first, and one whose floor is no better than the best value so
-        // far is skipped: the same value for a fraction of the programmes. A job priced on its
-        // own, or with one alternative, keeps its order and gets no floor.
+        // far is skipped: the same value for a fraction of the programmes. A job with one
+        // alternative keeps its order and gets no floor. A job priced on its own has its
+        // shared group's floor less what its change costs can take off (`-penalty` at most
+        // per previous run, `+penalty` for every other run).
         let own = !jp.own.is_empty();
-        let floors = !own && alternatives > 1 && view.work_hours > 1e-9;
+        let floors = alternatives > 1 && view.work_hours > 1e-9;
+        let own_credit_g = if own {
+            problem.inst.params.change_penalty_g.max(0.0) * problem.previous[job].len() as f64
+        } else {
+            0.0
+        };
         let mut order = std::mem::take(&mut scratch.order);
         order.clear();
         for a in 0..alternatives {
@@ -1172,7 +1220,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                     jp.units,
                     round_up,
                     &mut scratch.rates,
-                )
+                ) - own_credit_g
             } else {
                 f64::NEG_INFINITY
             };
@@ -1186,8 +1234,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             }
             if own {
                 for t in window.clone() {
-                    self.options_at(&jp.own[a], t, mu, lambda, Some(job), &mut scratch.points);
-                    pareto(&mut scratch.points, &mut scratch.own_options[t]);
+                    self.own_options(jp, a, t, mu, lambda, scratch);
                 }
             }
             let (options, scale_cost): (&[Vec<Option_>], f64) = if own {
@@ -1265,7 +1312,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             for t in 0..n_slots {
                 if self.group_slots[g][t] {
                     let pools = std::mem::take(&mut self.groups[g].pools);
-                    self.options_at(&pools, t, mu, lambda, None, &mut points);
+                    self.options_at(&pools, t, mu, lambda, &mut points);
                     self.groups[g].pools = pools;
                     pareto(&mut points, &mut self.groups[g].options[t]);
                 }
@@ -1585,12 +1632,22 @@ mod tests {
     /// Skipping the alternatives whose floor is no better than the best value so far changes
     /// no job's value: each is the cheapest of all its alternatives' programmes priced one by
     /// one. Every floor is at most its programme's value, and infinite exactly when the
-    /// programme has no answer.
+    /// programme has no answer. With a previous plan, the jobs priced on their own get the
+    /// options of every run of their pools with their change costs (built from the shared
+    /// groups), and their floors stay below their values too.
     #[test]
     fn skipping_alternatives_by_their_floor_keeps_every_value() {
         let mut alternatives = 0;
-        for seed in [3, 11] {
-            let instance = random_instance(seed, 120, 4, 24);
+        let mut own_alternatives = 0;
+        for (seed, with_previous) in [(3, false), (11, false), (3, true), (11, true)] {
+            let mut instance = random_instance(seed, 120, 4, 24);
+            if with_previous {
+                let problem = Problem::new(&instance);
+                let skip = vec![false; problem.jobs.len()];
+                let (previous, _) = crate::heuristic::construct(&problem, &skip, false, &|| false);
+                instance.previous_assignments = problem.to_plan(&previous, &[]).assignments;
+                instance.params.change_penalty_g = 50.0;
+            }
             let problem = Problem::new(&instance);
             let include = vec![true; problem.jobs.len()];
             let skip = vec![false; problem.jobs.len()];
@@ -1600,9 +1657,21 @@ mod tests {
                 let (mu, lambda) = start_prices(&problem, &include, &start, &pricer.grid_g_per_kw);
                 assert!(pricer.price(&mu, &lambda, round_up), "seed {seed}");
                 let (mut dp, mut rates) = (Dp::default(), Vec::new());
+                let mut scratch = Scratch::new(problem.n_slots);
                 for jp in &pricer.jobs {
                     let view = &problem.jobs[jp.job];
-                    if !jp.own.is_empty() || view.work_hours <= 1e-9 || jp.groups.len() < 2 {
+                    if !jp.own.is_empty() && view.work_hours > 1e-9 {
+                        own_alternatives += check_own_pricing(
+                            &problem,
+                            &pricer,
+                            jp,
+                            (&mu, &lambda),
+                            round_up,
+                            &mut scratch,
+                        );
+                        continue;
+                    }
+                    if view.work_hours <= 1e-9 || jp.groups.len() < 2 {
                         continue;
                     }
                     let gpus = f64::from(view.gpus);
@@ -1643,6 +1712,83 @@ mod tests {
             }
         }
         assert!(alternatives > 0, "no job had two alternatives");
+        assert!(own_alternatives > 0, "no job was priced on its own");
+    }
+
+    /// For a job priced on its own: its options in each alternative and slot against every
+    /// run of the alternative's pools with the job's change costs, each alternative's value
+    /// against its floor, and the job's value against the cheapest alternative. Answers how
+    /// many alternatives it checked.
+    fn check_own_pricing(
+        problem: &Problem,
+        pricer: &Pricer,
+        jp: &JobPricing,
+        (mu, lambda): (&[Vec<f64>], &[Vec<f64>]),
+        round_up: bool,
+        scratch: &mut Scratch,
+    ) -> usize {
+        let job = jp.job;
+        let view = &problem.jobs[job];
+        let gpus = f64::from(view.gpus);
+        let credit = problem.inst.params.change_penalty_g * problem.previous[job].len() as f64;
+        let (mut dp, mut rates) = (Dp::default(), Vec::new());
+        let mut picked = vec![None; view.window.len()];
+        let mut best = f64::INFINITY;
+        for (a, pools) in jp.own.iter().enumerate() {
+            let mut every = vec![Vec::new(); problem.n_slots];
+            for t in view.window.clone() {
+                let mut points = Vec::new();
+                for &pool in pools {
+                    let site = problem.pools[pool].site;
+                    for level in 0..pricer.pool_kw[pool].len() {
+                        points.push(Option_ {
+                            work_h: pricer.pool_work[pool][level],
+                            cost_g: gpus
+                                * (mu[pool][t] + pricer.pool_kw[pool][level] * lambda[site][t])
+                                + problem.change_g(job, t, pool, level),
+                            pool,
+                            level,
+                        });
+                    }
+                }
+                pareto(&mut points, &mut every[t]);
+                pricer.own_options(jp, a, t, mu, lambda, scratch);
+                let built = &scratch.own_options[t];
+                assert_eq!(built.len(), every[t].len(), "job {job}, slot {t}");
+                for (x, y) in built.iter().zip(&every[t]) {
+                    assert!((x.cost_g - y.cost_g).abs() <= 1e-9 * y.cost_g.abs().max(1.0));
+                    assert_eq!(x.work_h, y.work_h, "job {job}, slot {t}");
+                }
+            }
+            let (unit_h, k, window) = (jp.unit_h, jp.units, view.window.clone());
+            let value = price_job(
+                &every,
+                window.clone(),
+                1.0,
+                unit_h,
+                k,
+                round_up,
+                &mut dp,
+                &mut picked,
+            );
+            let group = &pricer.groups[jp.groups[a]].options;
+            let floor = price_floor(group, window, gpus, unit_h, k, round_up, &mut rates) - credit;
+            if let Some(v) = value {
+                assert!(
+                    floor <= v + 1e-9 * v.abs().max(1.0),
+                    "job {job}: {floor} > {v}"
+                );
+                best = best.min(v);
+            }
+        }
+        if best.is_finite() {
+            let priced = pricer.job_value_g[job];
+            assert!(
+                (priced - best).abs() <= 1e-9 * best.abs().max(1.0),
+                "job {job}: {priced} against {best}"
+            );
+        }
+        jp.own.len()
     }
 
     #[test]
