@@ -397,18 +397,13 @@ pub(crate) fn final_bound(
 }
 
 /// The grid a job is priced on with its site as state ([`Moves::Real`], [`Moves::Bound`]), if
-/// it is: a migratable job with more than one site, no previous plan to stay close to and work
-/// to do, on `grid` when its site x work-unit states fit [`MOVING_STATES_MAX`] there; for
+/// it is: a migratable job with more than one site and work to do, on `grid` when its site x
+/// work-unit states fit [`MOVING_STATES_MAX`] there; for
 /// [`Moves::Bound`] on the finest of `grid`, half of it, ..., down to the fine grid that fits.
 fn site_state_grid(problem: &Problem, job: usize, grid: Grid, moves: Moves) -> Option<Grid> {
     let view = &problem.jobs[job];
     let sites = problem.run_sites(job).len();
-    if moves == Moves::Free
-        || !view.migratable
-        || !problem.previous[job].is_empty()
-        || view.work_hours <= 1e-9
-        || sites <= 1
-    {
+    if moves == Moves::Free || !view.migratable || view.work_hours <= 1e-9 || sites <= 1 {
         return None;
     }
     let mut at = grid;
@@ -557,8 +552,9 @@ struct JobPricing {
     /// Shared per-GPU option groups (no change costs), one per site it might stay at or one
     /// over all its sites.
     groups: Vec<usize>,
-    /// The pools of each alternative when the job has change costs and is priced on its own.
-    own: Vec<Vec<usize>>,
+    /// Whether the job has change costs (runs in a previous plan): its options are then its
+    /// own, built per slot from its groups' (see [`Pricer::own_options`]).
+    changes: bool,
     /// Its work grid: hours per unit, and the units that reach its work.
     unit_h: f64,
     units: usize,
@@ -630,6 +626,8 @@ struct Scratch {
     dp: Dp,
     points: Vec<Option_>,
     own_options: Vec<Vec<Option_>>,
+    /// Per site, per slot: a moving job's own options (see [`Pricer::own_options`]).
+    own_site_options: Vec<Vec<Vec<Option_>>>,
     picked: Vec<Option<Option_>>,
     best_picked: Vec<Option<Option_>>,
     /// Per window slot: cheapest cost per grid unit and most units (see [`price_floor`]).
@@ -954,19 +952,6 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 }
                 group
             };
-            if !problem.previous[job].is_empty() {
-                // Priced on its own, from the shared options of the same pools and its
-                // previous runs (see `own_options`).
-                jobs.push(JobPricing {
-                    job,
-                    groups: pool_sets.iter().cloned().map(&mut group_of).collect(),
-                    own: pool_sets,
-                    unit_h,
-                    units,
-                    moving: None,
-                });
-                continue;
-            }
             let site_groups: Vec<usize> = if moving {
                 sites
                     .iter()
@@ -1011,7 +996,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             jobs.push(JobPricing {
                 job,
                 groups: job_groups,
-                own: Vec::new(),
+                changes: !problem.previous[job].is_empty(),
                 unit_h,
                 units,
                 moving,
@@ -1105,37 +1090,34 @@ impl<'p, 'a> Pricer<'p, 'a> {
         }
     }
 
-    /// `scratch.own_options[slot]`: the options of a job with change costs in its alternative
-    /// `a` at `slot`: every run of its pools, for all its GPUs and with the job's change costs,
-    /// on their frontier of work and cost, built from the alternative's shared group. A change cost is the same
-    /// `+penalty` for every run but the previous plan's in that slot, so the group's frontier,
-    /// scaled to the job's GPUs and raised by it, with the previous run (at `-penalty`)
-    /// added, has the same frontier as every run of the pools.
+    /// `out`: a job's options in one slot over the pools of `group`, for all its GPUs and with
+    /// its change costs: every run of those pools on their frontier of work and cost, built from
+    /// the group's shared frontier. A change cost is the same `+penalty` for every run but the
+    /// previous plan's in that slot, so the group's frontier, scaled to the job's GPUs and
+    /// raised by it, with the previous run (at `-penalty`) added, has the same frontier as every
+    /// run of the pools.
+    #[allow(clippy::too_many_arguments)]
     fn own_options(
         &self,
-        jp: &JobPricing,
-        a: usize,
+        job: usize,
+        group: usize,
         slot: usize,
         mu: &[Vec<f64>],
         lambda: &[Vec<f64>],
-        scratch: &mut Scratch,
+        points: &mut Vec<Option_>,
+        out: &mut Vec<Option_>,
     ) {
         let problem = self.problem;
-        let job = jp.job;
         let gpus = f64::from(problem.jobs[job].gpus);
-        let points = &mut scratch.points;
+        let group = &self.groups[group];
         points.clear();
-        points.extend(
-            self.groups[jp.groups[a]].options[slot]
-                .iter()
-                .map(|o| Option_ {
-                    cost_g: gpus * o.cost_g + problem.change_g(job, slot, o.pool, o.level),
-                    ..*o
-                }),
-        );
+        points.extend(group.options[slot].iter().map(|o| Option_ {
+            cost_g: gpus * o.cost_g + problem.change_g(job, slot, o.pool, o.level),
+            ..*o
+        }));
         if let Some(&(pool, level)) = problem.previous[job]
             .get(&slot)
-            .filter(|(pool, _)| jp.own[a].contains(pool))
+            .filter(|(pool, _)| group.pools.contains(pool))
         {
             let site = problem.pools[pool].site;
             points.push(Option_ {
@@ -1146,7 +1128,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 level,
             });
         }
-        pareto(points, &mut scratch.own_options[slot]);
+        pareto(points, out);
     }
 
     /// The cheapest relaxed (or, without `round_up`, real) schedule of the `i`-th included job
@@ -1172,15 +1154,44 @@ impl<'p, 'a> Pricer<'p, 'a> {
         let mut best_value: Option<f64> = None;
         let site_state = !round_up || self.moves == Moves::Bound;
         if let Some(moving) = jp.moving.as_ref().filter(|_| site_state) {
-            let site_options: Vec<&[Vec<Option_>]> = moving
-                .site_groups
-                .iter()
-                .map(|&g| self.groups[g].options.as_slice())
-                .collect();
+            // With change costs each site's options are the job's own.
+            if jp.changes {
+                let n_sites = moving.site_groups.len();
+                if scratch.own_site_options.len() < n_sites {
+                    scratch
+                        .own_site_options
+                        .resize(n_sites, vec![Vec::new(); problem.n_slots]);
+                }
+                for (i, &g) in moving.site_groups.iter().enumerate() {
+                    for t in window.clone() {
+                        self.own_options(
+                            job,
+                            g,
+                            t,
+                            mu,
+                            lambda,
+                            &mut scratch.points,
+                            &mut scratch.own_site_options[i][t],
+                        );
+                    }
+                }
+            }
+            let site_options: Vec<&[Vec<Option_>]> = if jp.changes {
+                scratch.own_site_options[..moving.site_groups.len()]
+                    .iter()
+                    .map(Vec::as_slice)
+                    .collect()
+            } else {
+                moving
+                    .site_groups
+                    .iter()
+                    .map(|&g| self.groups[g].options.as_slice())
+                    .collect()
+            };
             best_value = price_job_moving(
                 &site_options,
                 window.clone(),
-                gpus,
+                if jp.changes { 1.0 } else { gpus },
                 jp.unit_h,
                 jp.units,
                 round_up,
@@ -1193,7 +1204,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
         let alternatives = if jp.moving.is_some() && site_state {
             0
         } else {
-            jp.groups.len().max(jp.own.len())
+            jp.groups.len()
         };
         // Alternatives (a job that may run at any one of its sites has one per site) are
         // priced cheapest floor first, and one whose floor is no better than the best value so
@@ -1201,7 +1212,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
         // alternative keeps its order and gets no floor. A job priced on its own has its
         // shared group's floor less what its change costs can take off (`-penalty` at most
         // per previous run, `+penalty` for every other run).
-        let own = !jp.own.is_empty();
+        let own = jp.changes;
         let floors = alternatives > 1 && view.work_hours > 1e-9;
         let own_credit_g = if own {
             problem.inst.params.change_penalty_g.max(0.0) * problem.previous[job].len() as f64
@@ -1234,7 +1245,15 @@ impl<'p, 'a> Pricer<'p, 'a> {
             }
             if own {
                 for t in window.clone() {
-                    self.own_options(jp, a, t, mu, lambda, scratch);
+                    self.own_options(
+                        job,
+                        jp.groups[a],
+                        t,
+                        mu,
+                        lambda,
+                        &mut scratch.points,
+                        &mut scratch.own_options[t],
+                    );
                 }
             }
             let (options, scale_cost): (&[Vec<Option_>], f64) = if own {
@@ -1639,6 +1658,7 @@ mod tests {
     fn skipping_alternatives_by_their_floor_keeps_every_value() {
         let mut alternatives = 0;
         let mut own_alternatives = 0;
+        let mut own_moving = 0;
         for (seed, with_previous) in [(3, false), (11, false), (3, true), (11, true)] {
             let mut instance = random_instance(seed, 120, 4, 24);
             if with_previous {
@@ -1652,15 +1672,24 @@ mod tests {
             let include = vec![true; problem.jobs.len()];
             let skip = vec![false; problem.jobs.len()];
             let (start, _) = crate::heuristic::construct(&problem, &skip, true, &|| false);
-            for round_up in [true, false] {
-                let mut pricer = Pricer::new(&problem, &include, Grid::Coarse, false);
+            let moves: &[Moves] = if with_previous {
+                &[Moves::Free, Moves::Real, Moves::Bound]
+            } else {
+                &[Moves::Free]
+            };
+            for (round_up, &moves) in [true, false]
+                .into_iter()
+                .flat_map(|r| moves.iter().map(move |m| (r, m)))
+            {
+                let mut pricer = Pricer::with_moves(&problem, &include, Grid::Coarse, moves);
                 let (mu, lambda) = start_prices(&problem, &include, &start, &pricer.grid_g_per_kw);
                 assert!(pricer.price(&mu, &lambda, round_up), "seed {seed}");
                 let (mut dp, mut rates) = (Dp::default(), Vec::new());
                 let mut scratch = Scratch::new(problem.n_slots);
                 for jp in &pricer.jobs {
                     let view = &problem.jobs[jp.job];
-                    if !jp.own.is_empty() && view.work_hours > 1e-9 {
+                    if jp.changes && view.work_hours > 1e-9 {
+                        own_moving += usize::from(jp.moving.is_some());
                         own_alternatives += check_own_pricing(
                             &problem,
                             &pricer,
@@ -1713,12 +1742,17 @@ mod tests {
         }
         assert!(alternatives > 0, "no job had two alternatives");
         assert!(own_alternatives > 0, "no job was priced on its own");
+        assert!(
+            own_moving > 0,
+            "no job with change costs was priced with its site as state"
+        );
     }
 
-    /// For a job priced on its own: its options in each alternative and slot against every
-    /// run of the alternative's pools with the job's change costs, each alternative's value
+    /// For a job priced on its own: its options in each group and slot against every run of
+    /// the group's pools with the job's change costs; for a job priced with its site as state,
+    /// its value against that programme over those options; otherwise each alternative's value
     /// against its floor, and the job's value against the cheapest alternative. Answers how
-    /// many alternatives it checked.
+    /// many groups it checked.
     fn check_own_pricing(
         problem: &Problem,
         pricer: &Pricer,
@@ -1733,36 +1767,64 @@ mod tests {
         let credit = problem.inst.params.change_penalty_g * problem.previous[job].len() as f64;
         let (mut dp, mut rates) = (Dp::default(), Vec::new());
         let mut picked = vec![None; view.window.len()];
-        let mut best = f64::INFINITY;
-        for (a, pools) in jp.own.iter().enumerate() {
-            let mut every = vec![Vec::new(); problem.n_slots];
-            for t in view.window.clone() {
+        let (unit_h, k, window) = (jp.unit_h, jp.units, view.window.clone());
+        // Every run of a group's pools with the job's change costs, on their frontier.
+        let mut every = |g: usize| {
+            let mut options = vec![Vec::new(); problem.n_slots];
+            for t in window.clone() {
                 let mut points = Vec::new();
-                for &pool in pools {
+                for &pool in &pricer.groups[g].pools {
                     let site = problem.pools[pool].site;
                     for level in 0..pricer.pool_kw[pool].len() {
+                        let per_gpu = mu[pool][t] + pricer.pool_kw[pool][level] * lambda[site][t];
                         points.push(Option_ {
                             work_h: pricer.pool_work[pool][level],
-                            cost_g: gpus
-                                * (mu[pool][t] + pricer.pool_kw[pool][level] * lambda[site][t])
-                                + problem.change_g(job, t, pool, level),
+                            cost_g: gpus * per_gpu + problem.change_g(job, t, pool, level),
                             pool,
                             level,
                         });
                     }
                 }
-                pareto(&mut points, &mut every[t]);
-                pricer.own_options(jp, a, t, mu, lambda, scratch);
-                let built = &scratch.own_options[t];
-                assert_eq!(built.len(), every[t].len(), "job {job}, slot {t}");
-                for (x, y) in built.iter().zip(&every[t]) {
+                pareto(&mut points, &mut options[t]);
+                let mut built = Vec::new();
+                pricer.own_options(job, g, t, mu, lambda, &mut scratch.points, &mut built);
+                assert_eq!(built.len(), options[t].len(), "job {job}, slot {t}");
+                for (x, y) in built.iter().zip(&options[t]) {
                     assert!((x.cost_g - y.cost_g).abs() <= 1e-9 * y.cost_g.abs().max(1.0));
                     assert_eq!(x.work_h, y.work_h, "job {job}, slot {t}");
                 }
             }
-            let (unit_h, k, window) = (jp.unit_h, jp.units, view.window.clone());
+            options
+        };
+        let priced = pricer.job_value_g[job];
+        let close = |v: f64, w: f64| (v - w).abs() <= 1e-9 * w.abs().max(1.0);
+        let site_state = !round_up || pricer.moves == Moves::Bound;
+        if let Some(moving) = jp.moving.as_ref().filter(|_| site_state) {
+            let per_site: Vec<Vec<Vec<Option_>>> =
+                moving.site_groups.iter().map(|&g| every(g)).collect();
+            let slices: Vec<&[Vec<Option_>]> = per_site.iter().map(Vec::as_slice).collect();
+            let value = price_job_moving(
+                &slices,
+                window,
+                1.0,
+                unit_h,
+                k,
+                round_up,
+                moving.loss_share,
+                moving.start,
+                &mut dp,
+                &mut picked,
+            );
+            if let Some(v) = value {
+                assert!(close(priced, v), "job {job}: {priced} against {v}");
+            }
+            return per_site.len();
+        }
+        let mut best = f64::INFINITY;
+        for &g in &jp.groups {
+            let options = every(g);
             let value = price_job(
-                &every,
+                &options,
                 window.clone(),
                 1.0,
                 unit_h,
@@ -1771,8 +1833,9 @@ mod tests {
                 &mut dp,
                 &mut picked,
             );
-            let group = &pricer.groups[jp.groups[a]].options;
-            let floor = price_floor(group, window, gpus, unit_h, k, round_up, &mut rates) - credit;
+            let group = &pricer.groups[g].options;
+            let floor =
+                price_floor(group, window.clone(), gpus, unit_h, k, round_up, &mut rates) - credit;
             if let Some(v) = value {
                 assert!(
                     floor <= v + 1e-9 * v.abs().max(1.0),
@@ -1782,13 +1845,9 @@ mod tests {
             }
         }
         if best.is_finite() {
-            let priced = pricer.job_value_g[job];
-            assert!(
-                (priced - best).abs() <= 1e-9 * best.abs().max(1.0),
-                "job {job}: {priced} against {best}"
-            );
+            assert!(close(priced, best), "job {job}: {priced} against {best}");
         }
-        jp.own.len()
+        jp.groups.len()
     }
 
     #[test]
