@@ -18,7 +18,9 @@
 //! Without change costs a job's option costs are its GPU count times a per-GPU cost shared by
 //! every job with the same pools, so the options that no other beats on work and cost are found
 //! once per pool group and slot, and each job's programme runs over those only: the work per
-//! iteration follows the jobs' windows (the useful variables), not jobs x sites x slots.
+//! iteration follows the jobs' windows (the useful variables), not jobs x sites x slots. A job
+//! with change costs (runs in a previous plan) adds the same penalty to every run of a slot but
+//! the previous plan's, so its options are its group's raised by it, with that one run added.
 //!
 //! The subgradient ascent prices on the work grid its caller names ([`DualConfig::grid`]): the
 //! coarse grid ([`Grid::Coarse`], 24 units per slot of fastest work, fewer for long jobs but at
