@@ -554,9 +554,6 @@ struct JobPricing {
     /// Shared per-GPU option groups (no change costs), one per site it might stay at or one
     /// over all its sites.
     groups: Vec<usize>,
-    /// Whether the job has change costs (runs in a previous plan): its options are then its
-    /// own, built per slot from its groups' (see [`Pricer::own_options`]).
-    changes: bool,
     /// Its work grid: hours per unit, and the units that reach its work.
     unit_h: f64,
     units: usize,
@@ -998,7 +995,6 @@ impl<'p, 'a> Pricer<'p, 'a> {
             jobs.push(JobPricing {
                 job,
                 groups: job_groups,
-                changes: !problem.previous[job].is_empty(),
                 unit_h,
                 units,
                 moving,
@@ -1069,6 +1065,19 @@ impl<'p, 'a> Pricer<'p, 'a> {
         f64::from(self.problem.jobs[job].gpus) * self.pool_kw[run.pool][run.level]
     }
 
+    /// The priced cost of one GPU running at `pool` and `level` in `slot`, g.
+    fn per_gpu_g(
+        &self,
+        pool: usize,
+        level: usize,
+        slot: usize,
+        mu: &[Vec<f64>],
+        lambda: &[Vec<f64>],
+    ) -> f64 {
+        let site = self.problem.pools[pool].site;
+        mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot]
+    }
+
     /// The options of a pool set in one slot, per GPU.
     fn options_at(
         &self,
@@ -1080,11 +1089,10 @@ impl<'p, 'a> Pricer<'p, 'a> {
     ) {
         points.clear();
         for &pool in pools {
-            let site = self.problem.pools[pool].site;
             for level in 0..self.pool_kw[pool].len() {
                 points.push(Option_ {
                     work_h: self.pool_work[pool][level],
-                    cost_g: mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot],
+                    cost_g: self.per_gpu_g(pool, level, slot, mu, lambda),
                     pool,
                     level,
                 });
@@ -1121,10 +1129,9 @@ impl<'p, 'a> Pricer<'p, 'a> {
             .get(&slot)
             .filter(|(pool, _)| group.pools.contains(pool))
         {
-            let site = problem.pools[pool].site;
             points.push(Option_ {
                 work_h: self.pool_work[pool][level],
-                cost_g: gpus * (mu[pool][slot] + self.pool_kw[pool][level] * lambda[site][slot])
+                cost_g: gpus * self.per_gpu_g(pool, level, slot, mu, lambda)
                     + problem.change_g(job, slot, pool, level),
                 pool,
                 level,
@@ -1155,9 +1162,12 @@ impl<'p, 'a> Pricer<'p, 'a> {
         scratch.best_picked.resize(window.len(), None);
         let mut best_value: Option<f64> = None;
         let site_state = !round_up || self.moves == Moves::Bound;
+        // A job with change costs (runs in a previous plan) is priced on its own options,
+        // built per slot from its groups' (see [`Pricer::own_options`]).
+        let own = !problem.previous[job].is_empty();
         if let Some(moving) = jp.moving.as_ref().filter(|_| site_state) {
             // With change costs each site's options are the job's own.
-            if jp.changes {
+            if own {
                 let n_sites = moving.site_groups.len();
                 if scratch.own_site_options.len() < n_sites {
                     scratch
@@ -1178,7 +1188,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                     }
                 }
             }
-            let site_options: Vec<&[Vec<Option_>]> = if jp.changes {
+            let site_options: Vec<&[Vec<Option_>]> = if own {
                 scratch.own_site_options[..moving.site_groups.len()]
                     .iter()
                     .map(Vec::as_slice)
@@ -1193,7 +1203,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
             best_value = price_job_moving(
                 &site_options,
                 window.clone(),
-                if jp.changes { 1.0 } else { gpus },
+                if own { 1.0 } else { gpus },
                 jp.unit_h,
                 jp.units,
                 round_up,
@@ -1214,7 +1224,6 @@ impl<'p, 'a> Pricer<'p, 'a> {
         // alternative keeps its order and gets no floor. A job priced on its own has its
         // shared group's floor less what its change costs can take off (`-penalty` at most
         // per previous run, `+penalty` for every other run).
-        let own = jp.changes;
         let floors = alternatives > 1 && view.work_hours > 1e-9;
         let own_credit_g = if own {
             problem.inst.params.change_penalty_g.max(0.0) * problem.previous[job].len() as f64
@@ -1690,7 +1699,7 @@ mod tests {
                 let mut scratch = Scratch::new(problem.n_slots);
                 for jp in &pricer.jobs {
                     let view = &problem.jobs[jp.job];
-                    if jp.changes && view.work_hours > 1e-9 {
+                    if !problem.previous[jp.job].is_empty() && view.work_hours > 1e-9 {
                         own_moving += usize::from(jp.moving.is_some());
                         own_alternatives += check_own_pricing(
                             &problem,

@@ -397,12 +397,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // so it searches to the tolerance the plan is judged by or tighter.
     let sub_gap = options.mip_rel_gap.min(SUB_MILP_REL_GAP);
     // Seconds left of a caller's budget (unbounded without one): no HiGHS solve is given more.
-    let left_s = || {
-        options
-            .stop
-            .passed()
-            .map_or(f64::INFINITY, |p| (1.0 - p).max(0.0) * options.time_limit_s)
+    let budget = milp::Budget {
+        stop: &options.stop,
+        limit_s: options.time_limit_s,
     };
+    let left_s = || budget.left_s();
     // A fleet too large for column generation and the compact LP, whatever the method.
     let large_size = skip.iter().filter(|s| !**s).count() > LARGE_JOBS
         || run_variables(&problem, &skip) > LARGE_RUN_VARIABLES;
@@ -535,10 +534,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // Under a caller's budget the model's build counts: a fleet's direct MILP (millions of
         // columns) takes seconds to build before HiGHS's own clock starts.
         let config = milp::MilpConfig {
-            budget: Some(milp::Budget {
-                stop: &options.stop,
-                limit_s: options.time_limit_s,
-            }),
+            budget: Some(budget),
             time_limit_s: options.time_limit_s * full_milp_share,
             mip_rel_gap: options.mip_rel_gap,
             relax: false,

@@ -20,8 +20,9 @@ const EARLINESS_G: f64 = 1e-7;
 /// Presolve checks the time limit only between reductions: on the benchmark's 1,000-job direct
 /// MILP (2.9 million columns) it ran for 181 s of a 120 s limit even without its slowest rule
 /// (parallel rows and columns), and 325-452 s with it; without presolve HiGHS stopped at 129 s,
-/// and without the symmetry detection too at 120 s, with the same plan, at about twice the
-/// memory (7.0-7.3 GiB against 3.4 GiB; docs/benchmarks.md). The compact models the solver's
+/// and without the symmetry detection too at 120 s (on a slower machine at 130 s of the 114 s
+/// its budget left), with the same plan, at about twice the memory (7.0-7.3 GiB against 3.4
+/// GiB; docs/benchmarks.md). The compact models the solver's
 /// own steps build (up to 200 jobs and 50,000 run variables; S at 15-minute slots has 80,798
 /// columns) keep both.
 const PRESOLVE_MOST_COLUMNS: usize = 200_000;
@@ -52,7 +53,7 @@ pub(crate) struct Budget<'a> {
 
 impl Budget<'_> {
     /// Seconds left of the budget; unbounded when the stop signal tells no share.
-    fn left_s(&self) -> f64 {
+    pub fn left_s(&self) -> f64 {
         self.stop
             .passed()
             .map_or(f64::INFINITY, |p| (1.0 - p).max(0.0) * self.limit_s)
