@@ -22,9 +22,8 @@ const EARLINESS_G: f64 = 1e-7;
 /// (parallel rows and columns), and 325-452 s with it; without presolve HiGHS stopped at 129 s,
 /// and without the symmetry detection too at 120 s (on a slower machine at 130 s of the 114 s
 /// its budget left), with the same plan, at about twice the memory (7.0-7.3 GiB against 3.4
-/// GiB; docs/benchmarks.md). The compact models the solver's
-/// own steps build (up to 200 jobs and 50,000 run variables; S at 15-minute slots has 80,798
-/// columns) keep both.
+/// GiB; docs/benchmarks.md). The compact models the solver's own steps build (up to 200 jobs
+/// and 50,000 run variables; S at 15-minute slots has 80,798 columns) keep both.
 const PRESOLVE_MOST_COLUMNS: usize = 200_000;
 
 /// HiGHS settings for one solve.
