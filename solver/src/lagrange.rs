@@ -649,7 +649,7 @@ const JOBS_PER_PRICING_THREAD: usize = 64;
 
 /// Threads that price `n_jobs` jobs: the machine's cores, fewer when there are few jobs. The
 /// answer does not depend on it.
-fn pricing_threads(n_jobs: usize) -> usize {
+pub(crate) fn pricing_threads(n_jobs: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.min(n_jobs / JOBS_PER_PRICING_THREAD).max(1)
 }

@@ -115,6 +115,13 @@ const SITE_SEARCH_SHARE: f64 = 0.4;
 /// the search by about 1.4 kg in the 6 s after it, where the search alone gained 2.1 kg in 12
 /// s; the exchange ends early where its groups stop paying (docs/benchmarks.md).
 const EXCHANGE_SHARE: f64 = 0.5;
+/// Most randomised ruin-and-recreate moves per second of the time limit on large fleets under
+/// a budget: the budget ends them, and the count only where the budget's clock stands still.
+/// Rationale: M's search makes a million moves of 2-4 jobs in about 33 s, so a fixed cap of a
+/// million ended a 300 s solve of M at 85 s; this is six times M's rate (docs/benchmarks.md).
+const LNS_RUINS_PER_LIMIT_S: f64 = 200_000.0;
+/// The fewest moves that cap allows, whatever the limit.
+const LNS_LEAST_RUINS: usize = 1_000_000;
 /// With jobs left out, the share of a caller's budget the large fleets' local search leaves
 /// to serving them once the plan has made room. The late admission may also run up to this
 /// share past the budget (the small fleets' steps use it to the end), and the one pricing that
@@ -478,6 +485,23 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         full_milp_share
     };
+    // The compact LP relaxation that RINS fixes against needs only the served jobs, so it
+    // starts on a core that column generation's pricing leaves idle (up to 127 jobs it prices
+    // on one thread) while column generation and the master LP run. Rationale: on S RINS then
+    // starts 0.2 s earlier, where it ends within a tenth of a second of the budget on slower
+    // machines; beside pricing on both cores (200 jobs) the LP only added 500 MiB to the peak.
+    let mut early_compact = (use_colgen
+        && options.bound
+        && lagrange::pricing_threads(n_included)
+            < std::thread::available_parallelism().map_or(1, |n| n.get()))
+    .then(|| {
+        let served: Vec<bool> = heuristic_schedule
+            .runs
+            .iter()
+            .map(Option::is_some)
+            .collect();
+        EarlyCompactLp::spawn(instance, served, options)
+    });
     if use_colgen {
         // Column generation over the jobs the heuristic placed, seeded with its plan.
         let include: Vec<bool> = (0..n_jobs)
@@ -973,9 +997,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             progress.report(|| format!("site MILPs: {:.3} kg", kg(&chosen)));
         }
         // Randomised ruin and recreate on large fleets under a budget, until it ends.
-        // Only the budget ends them: M's search makes a million moves of 2-4 jobs in about
-        // 33 s, so a cap on their number would leave the rest of a long budget unused.
-        let ruins = if budgeted_search { usize::MAX } else { 0 };
+        let ruins = if budgeted_search {
+            LNS_LEAST_RUINS.max((LNS_RUINS_PER_LIMIT_S * options.time_limit_s) as usize)
+        } else {
+            0
+        };
         // There the randomised moves alone: on the benchmark's 10,000 jobs the ejection pass
         // over every job gained 0.09 kg in the time the randomised moves gained 1.05 kg.
         let search_end = if unserved.is_empty() {
@@ -1002,7 +1028,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         if !large && options.bound && !stop() {
             let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let bounded = milp_bound.is_some() || colgen_bound.is_some() || dual_bound.is_some();
-            compact = compact_relaxation(&problem, &served, options, bounded, left_s());
+            compact = early_compact
+                .take()
+                .and_then(|early| early.take(&served))
+                .or_else(|| compact_relaxation(&problem, &served, options, bounded, left_s()));
             progress.report(|| match &compact {
                 Some(CompactLp {
                     bound_g: Some(bound),
@@ -1275,20 +1304,29 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     {
         let lp_bound = match compact {
             Some(lp) if lp.served == served => lp.bound_g,
-            _ => compact_relaxation(
-                &problem,
-                &served,
-                options,
-                lower_bound_g.is_some(),
-                left_s(),
-            )
-            .and_then(|lp| lp.bound_g),
+            _ => early_compact
+                .take()
+                .and_then(|early| early.take(&served))
+                .or_else(|| {
+                    compact_relaxation(
+                        &problem,
+                        &served,
+                        options,
+                        lower_bound_g.is_some(),
+                        left_s(),
+                    )
+                })
+                .and_then(|lp| lp.bound_g),
         };
         lower_bound_g = match (lower_bound_g, lp_bound) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
     }
+    // The early LP when no step took it (column generation proved the plan, say) is left to
+    // end on its own, within its time limit: waiting for it made a solve that column
+    // generation proves in 0.02 s take 0.2 s.
+    drop(early_compact);
     // The groups' bound named where it is the one kept.
     if let (Some((group, over)), Some(bound)) = (&group_bound, lower_bound_g)
         && covers(over)
@@ -1471,6 +1509,42 @@ struct CompactLp {
     bound_g: Option<f64>,
     /// Its run variables, for RINS.
     relaxed: Option<milp::Relaxed>,
+}
+
+/// The compact LP relaxation solved on a thread of its own, from the start of a solve.
+struct EarlyCompactLp {
+    /// The jobs it covers.
+    served: Vec<bool>,
+    handle: std::thread::JoinHandle<Option<CompactLp>>,
+}
+
+impl EarlyCompactLp {
+    /// Starts [`compact_relaxation`] over the jobs with `served[j]`, within the caller's
+    /// budget as if another step had bounded the plan, HiGHS's log off (two solvers writing
+    /// at once would garble it).
+    fn spawn(instance: &Instance, served: Vec<bool>, options: &SolveOptions) -> Self {
+        let (instance, cover) = (instance.clone(), served.clone());
+        let options = SolveOptions {
+            log: false,
+            ..options.clone()
+        };
+        let handle = std::thread::spawn(move || {
+            let problem = Problem::new(&instance);
+            let left_s = milp::Budget {
+                stop: &options.stop,
+                limit_s: options.time_limit_s,
+            }
+            .left_s();
+            compact_relaxation(&problem, &cover, &options, true, left_s)
+        });
+        EarlyCompactLp { served, handle }
+    }
+
+    /// Its answer, once it ends, when it covers exactly the jobs with `served[j]`.
+    fn take(self, served: &[bool]) -> Option<CompactLp> {
+        let lp = self.handle.join().ok().flatten();
+        lp.filter(|_| self.served == served)
+    }
 }
 
 /// The compact LP relaxation over the jobs with `served[j]`; `None` when HiGHS fails or when
