@@ -489,7 +489,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // starts on a core that column generation's pricing leaves idle (up to 127 jobs it prices
     // on one thread) while column generation and the master LP run. Rationale: on S RINS then
     // starts 0.2 s earlier, where it ends within a tenth of a second of the budget on slower
-    // machines; beside pricing on both cores (200 jobs) the LP only added 500 MiB to the peak.
+    // machines; beside pricing on both cores (200 jobs) it found nothing and added 500 MiB to the
+    // peak.
     let mut early_compact = (use_colgen
         && options.bound
         && lagrange::pricing_threads(n_included)
@@ -1540,10 +1541,13 @@ impl EarlyCompactLp {
         EarlyCompactLp { served, handle }
     }
 
-    /// Its answer, once it ends, when it covers exactly the jobs with `served[j]`.
+    /// Its answer, once it ends, when it covers exactly the jobs with `served[j]`; otherwise
+    /// `None` at once, the thread left to end on its own within its time limit.
     fn take(self, served: &[bool]) -> Option<CompactLp> {
-        let lp = self.handle.join().ok().flatten();
-        lp.filter(|_| self.served == served)
+        if self.served != served {
+            return None;
+        }
+        self.handle.join().ok().flatten()
     }
 }
 
