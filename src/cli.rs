@@ -1387,6 +1387,10 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         "  {:>9.3} kg  the rest: grid draw beyond what the power prices charge for the load",
         kg(b.rest_g)
     );
+    println!(
+        "  (of the last two, {:.3} kg is in the bound: the loads whole GPUs draw at each site)",
+        kg(b.whole_gpus_g)
+    );
     println!("  furthest above (1 g or more):");
     for job in b
         .top_jobs

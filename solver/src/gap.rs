@@ -1,7 +1,8 @@
 //! Where a plan's gap lies: the plan's objective less the Lagrangian bound at the bound's
 //! prices, split into what each job's schedule costs above its cheapest relaxed schedule at
 //! those prices, what the GPU-slots the plan leaves idle are priced at, and the rest (the
-//! plan's grid draw beyond what the power prices charge for its load).
+//! plan's grid draw beyond what the power prices charge for its load). Of the last two, the
+//! part that whole GPUs at each site add to the bound at the same prices is reported too.
 //!
 //! Rationale: with `mu` (per GPU-slot) and `lambda` (per kW) the prices, the Lagrangian value
 //! is the sum over jobs of each one's cheapest priced schedule plus terms that depend on the
@@ -39,6 +40,11 @@ pub struct GapBreakdown {
     pub idle_priced_g: f64,
     /// The rest: the plan's grid draw beyond what the power prices charge for its load, g.
     pub rest_g: f64,
+    /// Of the idle GPU-slots and the rest, what whole GPUs at each site add to the bound at
+    /// the prices (the bound reported counts it; `lagrangian_g` does not), g: surplus that the
+    /// loads a site's GPUs can draw do not fill exactly.
+    #[serde(default)]
+    pub whole_gpus_g: f64,
     /// The jobs furthest above their cheapest schedule, furthest first.
     pub top_jobs: Vec<JobAbove>,
     /// Per site, in the instance's order.
@@ -168,7 +174,7 @@ pub(crate) fn breakdown(
         }
     }
     let objective_g = problem.evaluate(schedule).objective_g;
-    let lagrangian_g = terms.value_g() + late_g.iter().sum::<f64>();
+    let lagrangian_g = terms.lagrangian_g() + late_g.iter().sum::<f64>();
     let jobs_above_g: f64 = above.iter().map(|a| a.0).sum();
     let idle_priced_g: f64 = sites.iter().map(|s| s.idle_priced_g).sum();
     above.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -190,6 +196,7 @@ pub(crate) fn breakdown(
             .count(),
         idle_priced_g,
         rest_g: objective_g - lagrangian_g - jobs_above_g - idle_priced_g,
+        whole_gpus_g: terms.whole_gpus_g(),
         top_jobs: above
             .iter()
             .take(TOP_JOBS)
@@ -260,6 +267,11 @@ mod tests {
             assert!(b.jobs_above_g >= -tol_g, "seed {seed}: {b:?}");
             assert!(b.idle_priced_g >= -tol_g, "seed {seed}: {b:?}");
             assert!(b.rest_g >= -tol_g, "seed {seed}: {b:?}");
+            assert!(b.whole_gpus_g >= 0.0, "seed {seed}: {b:?}");
+            assert!(
+                b.whole_gpus_g <= b.idle_priced_g + b.rest_g + tol_g,
+                "seed {seed}: {b:?}"
+            );
             for job in &b.top_jobs {
                 assert!(job.above_g >= -tol_g, "seed {seed}: {job:?}");
             }

@@ -13,7 +13,9 @@
 //! evaluation keeps the value as a constant plus one term per job ([`BoundTerms`]), so pricings
 //! at the same prices combine job by job, and prices the migratable jobs that moved once more
 //! with their site as state, each move losing the least transfer time of their site pairs
-//! ([`moves_bound`]): still a relaxation of every real schedule.
+//! ([`moves_bound`]): still a relaxation of every real schedule. Its site-slot terms take the
+//! sites' GPUs whole ([`Pricer::whole_gpus_gain_g`]), which only lifts the value at the same
+//! prices; the ascent keeps the relaxation's own terms.
 //!
 //! Without change costs a job's option costs are its GPU count times a per-GPU cost shared by
 //! every job with the same pools, so the options that no other beats on work and cost are found
@@ -90,6 +92,45 @@ pub(crate) struct DualOutcome {
     /// Each job's relaxed schedule at the best prices: real on the grid's terms except for the
     /// couplings (it may overfill pools) and for a migratable job's moves.
     pub relaxed: Schedule,
+}
+
+/// Most loads one site and slot's whole GPU counts may give for
+/// [`Pricer::whole_gpus_gain_g`] to take them: 8 GPUs at 4 levels give 495.
+const WHOLE_GPUS_MOST_POINTS: usize = 20_000;
+
+/// A load, kW, and the GPUs running to draw it.
+type LoadCount = (f64, u32);
+
+/// (load kW, GPUs running) of every count of `whole` GPUs at levels drawing `level_kw` each
+/// (a GPU not counted is idle); `None` beyond [`WHOLE_GPUS_MOST_POINTS`].
+fn whole_counts(level_kw: &[f64], whole: u32) -> Option<Vec<LoadCount>> {
+    let mut counts: Vec<LoadCount> = vec![(0.0, 0)];
+    for &kw in level_kw {
+        let before = counts.len();
+        for i in 0..before {
+            let (load, gpus) = counts[i];
+            for n in 1..=whole.saturating_sub(gpus) {
+                counts.push((load + f64::from(n) * kw, gpus + n));
+            }
+            if counts.len() > WHOLE_GPUS_MOST_POINTS {
+                return None;
+            }
+        }
+    }
+    Some(counts)
+}
+
+/// Keeps the points `(load, paid)` that no other beats with no more load and at least as much
+/// paid, by rising load. The grid draw's cost does not fall as the load rises, so a beaten
+/// point is never the least.
+fn pareto_loads(points: &mut Vec<(f64, f64)>) {
+    points.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    let mut most_paid = f64::NEG_INFINITY;
+    points.retain(|&(_, paid)| {
+        let keep = paid > most_paid;
+        most_paid = most_paid.max(paid);
+        keep
+    });
 }
 
 /// One way to run a slot: pool, power level, work delivered and cost.
@@ -338,6 +379,9 @@ pub(crate) fn grid_cells(problem: &Problem, include: &[bool], grid: Grid) -> f64
 #[derive(Clone, Debug)]
 pub(crate) struct BoundTerms {
     constant_g: f64,
+    /// What the site-slot terms gain, at the same prices, when each site's GPUs are whole
+    /// ([`Pricer::whole_gpus_gain_g`]); part of the value.
+    whole_gpus_g: f64,
     /// Per job: the largest lower bound on its term so far; 0 for a job left out.
     job_g: Vec<f64>,
     /// The jobs priced.
@@ -351,7 +395,18 @@ pub(crate) struct BoundTerms {
 impl BoundTerms {
     /// The bound, g: a lower bound on every plan serving the jobs priced.
     pub fn value_g(&self) -> f64 {
-        self.constant_g + self.job_g.iter().sum::<f64>()
+        self.constant_g + self.whole_gpus_g + self.job_g.iter().sum::<f64>()
+    }
+
+    /// The Lagrangian value itself, g: [`BoundTerms::value_g`] without the whole-GPU gain of
+    /// the site-slot terms.
+    pub fn lagrangian_g(&self) -> f64 {
+        self.value_g() - self.whole_gpus_g
+    }
+
+    /// What the site-slot terms gain when each site's GPUs are whole, g.
+    pub fn whole_gpus_g(&self) -> f64 {
+        self.whole_gpus_g
     }
 
     /// Job `job`'s term, g: a lower bound on what its cheapest schedule costs at the prices
@@ -373,6 +428,7 @@ impl BoundTerms {
         for (mine, theirs) in self.moved.iter_mut().zip(&other.moved) {
             *mine |= *theirs;
         }
+        self.whole_gpus_g = self.whole_gpus_g.max(other.whole_gpus_g);
     }
 }
 
@@ -443,6 +499,7 @@ pub(crate) fn bound_on_grid(
         })
         .collect();
     let constant_g = pricer.value_g - job_g.iter().sum::<f64>();
+    let whole_gpus_g = pricer.whole_gpus_gain_g(&prices.gpu, &prices.kw);
     let moved = (0..problem.jobs.len())
         .map(|j| {
             let runs = pricer.runs[j].as_deref().unwrap_or_default();
@@ -457,6 +514,7 @@ pub(crate) fn bound_on_grid(
         .collect();
     Some(BoundTerms {
         constant_g,
+        whole_gpus_g,
         job_g,
         include: include.to_vec(),
         moved,
@@ -1065,6 +1123,93 @@ impl<'p, 'a> Pricer<'p, 'a> {
         f64::from(self.problem.jobs[job].gpus) * self.pool_kw[run.pool][run.level]
     }
 
+    /// What the terms of the capacity and power rows and of the grid draw gain, at prices
+    /// `mu` and `lambda`, g, when each site and slot's GPUs are whole: the relaxation lets a
+    /// site's priced load take any value, where a plan's runs draw one of the loads its GPUs
+    /// can (each idle or at one of its levels), so surplus that falls between two of them is
+    /// either left unused or topped up from the grid.
+    ///
+    /// Rationale: add to the problem, per pool, slot and power level, the count `n` of the
+    /// pool's GPUs running at that level, with the jobs' GPUs there at most `n`, at most the
+    /// pool's GPUs running, and the site's power row over the counts' load. Every plan keeps
+    /// its value (its own counts satisfy them), so pricing the new link at `mu + lambda x kW`
+    /// leaves each job's term as it is and replaces each site and slot's terms by the least,
+    /// over whole counts, of the grid draw's cost less what the prices pay for the counts. The
+    /// relaxation's own terms are that least over any counts at all, with the rows priced
+    /// rather than kept, so each replacement only lifts the value. A site and slot whose
+    /// counts give more than [`WHOLE_GPUS_MOST_POINTS`] loads keeps its own terms.
+    pub fn whole_gpus_gain_g(&self, mu: &[Vec<f64>], lambda: &[Vec<f64>]) -> f64 {
+        let problem = self.problem;
+        let mut gain_g = 0.0;
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        let mut pool_points: Vec<(f64, f64)> = Vec::new();
+        let mut next: Vec<(f64, f64)> = Vec::new();
+        // (load kW, GPUs running) of every count of a pool's GPUs at each level, per pool and
+        // number of whole GPUs (the same in every slot but where held jobs take some); `None`
+        // beyond the most points.
+        let mut counts_of: BTreeMap<(usize, u32), Option<Vec<LoadCount>>> = BTreeMap::new();
+        for s in 0..problem.inst.sites.len() {
+            let pools: Vec<usize> = (0..problem.pools.len())
+                .filter(|&p| problem.pools[p].site == s)
+                .collect();
+            'slots: for t in 0..problem.n_slots {
+                let (l, cost, limit, upper) = (
+                    lambda[s][t],
+                    self.grid_g_per_kw[s][t],
+                    self.grid_limit_kw[s][t],
+                    self.upper_kw[s][t],
+                );
+                // The relaxation's own terms for this site and slot.
+                let mut own = -l * upper;
+                if cost - l < -1e-9 {
+                    own += (cost - l) * limit;
+                }
+                // (load kW, what the prices pay g) of every whole count, the dominated left out.
+                points.clear();
+                points.push((0.0, 0.0));
+                for &p in &pools {
+                    let cap = self.cap_gpus[p][t];
+                    own -= mu[p][t] * cap;
+                    let whole = (cap + 1e-9).floor().max(0.0) as u32;
+                    let Some(counts) = counts_of
+                        .entry((p, whole))
+                        .or_insert_with(|| whole_counts(&self.pool_kw[p], whole))
+                    else {
+                        continue 'slots;
+                    };
+                    pool_points.clear();
+                    pool_points.extend(
+                        counts
+                            .iter()
+                            .map(|&(load, gpus)| (load, mu[p][t] * f64::from(gpus) + l * load)),
+                    );
+                    pareto_loads(&mut pool_points);
+                    next.clear();
+                    for &(load, paid) in &points {
+                        next.extend(pool_points.iter().map(|&(pl, pp)| (load + pl, paid + pp)));
+                        if next.len() > WHOLE_GPUS_MOST_POINTS {
+                            continue 'slots;
+                        }
+                    }
+                    pareto_loads(&mut next);
+                    std::mem::swap(&mut points, &mut next);
+                }
+                if !own.is_finite() {
+                    continue;
+                }
+                let whole = points
+                    .iter()
+                    .filter(|&&(load, _)| load - upper <= limit + 1e-9)
+                    .map(|&(load, paid)| cost * (load - upper).max(0.0) - paid)
+                    .fold(f64::INFINITY, f64::min);
+                if whole.is_finite() && whole > own {
+                    gain_g += whole - own;
+                }
+            }
+        }
+        gain_g
+    }
+
     /// The priced cost of one GPU running at `pool` and `level` in `slot`, g.
     fn per_gpu_g(
         &self,
@@ -1657,6 +1802,61 @@ mod tests {
             pricer.job_value_g.clone(),
             pricer.runs.clone(),
         )
+    }
+
+    /// Whole GPUs at each site keep the bound a bound: at the start prices and at random
+    /// prices around them, the value with the sites' whole-GPU gain is at most the objective
+    /// of the heuristic's plan serving the same jobs, the gain is not negative, and on these
+    /// fleets (surplus at every other site, grid limits) it lifts the value somewhere.
+    #[test]
+    fn whole_gpus_keep_the_bound_below_every_plan() {
+        let mut lifted = 0;
+        let mut priced = 0;
+        for seed in 0..6u64 {
+            let instance = random_instance(seed, 30, 3, 24);
+            let problem = Problem::new(&instance);
+            let skip = vec![false; problem.jobs.len()];
+            let (plan, _) = crate::heuristic::construct(&problem, &skip, true, &|| false);
+            let include: Vec<bool> = plan.runs.iter().map(Option::is_some).collect();
+            let objective_g = problem.evaluate(&plan).objective_g;
+            let pricer = Pricer::new(&problem, &include, Grid::Fine, false);
+            let (mu, lambda) = start_prices(&problem, &include, &plan, &pricer.grid_g_per_kw);
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64
+            };
+            for round in 0..4 {
+                let mut jitter = |v: f64| if round == 0 { v } else { v * 2.0 * next() };
+                let prices = crate::heuristic::Prices {
+                    gpu: mu
+                        .iter()
+                        .map(|r| r.iter().map(|&v| jitter(v)).collect())
+                        .collect(),
+                    kw: lambda
+                        .iter()
+                        .map(|r| r.iter().map(|&v| jitter(v)).collect())
+                        .collect(),
+                };
+                let Some(terms) = bound_on_grid(&problem, &include, &prices, Grid::Fine) else {
+                    continue;
+                };
+                priced += 1;
+                assert!(terms.whole_gpus_g() >= 0.0, "seed {seed} round {round}");
+                assert!(
+                    terms.value_g() <= objective_g + 1e-6 * objective_g.abs().max(1.0),
+                    "seed {seed} round {round}: {} above the plan's {objective_g}",
+                    terms.value_g()
+                );
+                if terms.whole_gpus_g() > 1e-3 {
+                    lifted += 1;
+                }
+            }
+        }
+        assert!(priced >= 12, "{priced} pricing(s)");
+        assert!(lifted > 0, "no pricing gained from whole GPUs");
     }
 
     /// Skipping the alternatives whose floor is no better than the best value so far changes
