@@ -102,7 +102,7 @@ const WHOLE_GPUS_MOST_POINTS: usize = 20_000;
 type LoadCount = (f64, u32);
 
 /// (load kW, GPUs running) of every count of `whole` GPUs at levels drawing `level_kw` each
-/// (a GPU not counted is idle); `None` beyond [`WHOLE_GPUS_MOST_POINTS`].
+/// (a GPU not counted is idle), by rising load; `None` beyond [`WHOLE_GPUS_MOST_POINTS`].
 fn whole_counts(level_kw: &[f64], whole: u32) -> Option<Vec<LoadCount>> {
     let mut counts: Vec<LoadCount> = vec![(0.0, 0)];
     for &kw in level_kw {
@@ -117,6 +117,7 @@ fn whole_counts(level_kw: &[f64], whole: u32) -> Option<Vec<LoadCount>> {
             }
         }
     }
+    counts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     Some(counts)
 }
 
@@ -1177,13 +1178,22 @@ impl<'p, 'a> Pricer<'p, 'a> {
                     else {
                         continue 'slots;
                     };
+                    // The counts come by rising load, so one pass keeps what the points
+                    // after it do not beat (a point beaten at an equal load may stay: the
+                    // least below is the same).
                     pool_points.clear();
-                    pool_points.extend(
-                        counts
-                            .iter()
-                            .map(|&(load, gpus)| (load, mu[p][t] * f64::from(gpus) + l * load)),
-                    );
-                    pareto_loads(&mut pool_points);
+                    let mut most_paid = f64::NEG_INFINITY;
+                    for &(load, gpus) in counts.iter() {
+                        let paid = mu[p][t] * f64::from(gpus) + l * load;
+                        if paid > most_paid {
+                            pool_points.push((load, paid));
+                            most_paid = paid;
+                        }
+                    }
+                    if points.len() == 1 && points[0] == (0.0, 0.0) {
+                        std::mem::swap(&mut points, &mut pool_points);
+                        continue;
+                    }
                     next.clear();
                     for &(load, paid) in &points {
                         next.extend(pool_points.iter().map(|&(pl, pp)| (load + pl, paid + pp)));
