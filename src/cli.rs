@@ -1388,7 +1388,7 @@ fn print_gap_breakdown(breakdown: Option<&windfall_solver::GapBreakdown>) {
         kg(b.rest_g)
     );
     println!(
-        "  (of the last two, {:.3} kg is in the bound: the loads whole GPUs draw at each site)",
+        "  ({:.3} kg of the gap is in the bound: the loads whole GPUs draw at each site)",
         kg(b.whole_gpus_g)
     );
     println!("  furthest above (1 g or more):");

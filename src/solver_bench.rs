@@ -353,8 +353,8 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
         eprintln!(
             "  where the gap lies (`windfall solve --explain-gap`): {:.3} kg jobs above their \
              cheapest at the bound's prices ({} jobs; furthest: {}), {:.3} kg idle priced \
-             GPU-slots, {:.3} kg the rest ({:.3} kg of the last two in the bound: whole GPUs \
-             at each site)",
+             GPU-slots, {:.3} kg the rest ({:.3} kg of the gap in the bound: whole GPUs at \
+             each site)",
             b.jobs_above_g / 1000.0,
             b.jobs_above_count,
             if furthest.is_empty() {
