@@ -486,6 +486,28 @@ pub(crate) fn bound_on_grid(
     prices: &crate::heuristic::Prices,
     grid: Grid,
 ) -> Option<BoundTerms> {
+    terms_on_grid(problem, include, prices, grid, true)
+}
+
+/// [`bound_on_grid`] without the sites' whole-GPU gain, for merging into terms at the same
+/// prices that have it: the gain depends on the prices alone, not on the grid, and
+/// [`BoundTerms::merge`] keeps the larger.
+pub(crate) fn finer_terms_on_grid(
+    problem: &Problem,
+    include: &[bool],
+    prices: &crate::heuristic::Prices,
+    grid: Grid,
+) -> Option<BoundTerms> {
+    terms_on_grid(problem, include, prices, grid, false)
+}
+
+fn terms_on_grid(
+    problem: &Problem,
+    include: &[bool],
+    prices: &crate::heuristic::Prices,
+    grid: Grid,
+    whole_gpus: bool,
+) -> Option<BoundTerms> {
     let mut pricer = Pricer::new(problem, include, grid, false);
     if !pricer.price(&prices.gpu, &prices.kw, true) {
         return None;
@@ -500,7 +522,11 @@ pub(crate) fn bound_on_grid(
         })
         .collect();
     let constant_g = pricer.value_g - job_g.iter().sum::<f64>();
-    let whole_gpus_g = pricer.whole_gpus_gain_g(&prices.gpu, &prices.kw);
+    let whole_gpus_g = if whole_gpus {
+        pricer.whole_gpus_gain_g(&prices.gpu, &prices.kw)
+    } else {
+        0.0
+    };
     let moved = (0..problem.jobs.len())
         .map(|j| {
             let runs = pricer.runs[j].as_deref().unwrap_or_default();
@@ -1168,7 +1194,7 @@ impl<'p, 'a> Pricer<'p, 'a> {
                 // (load kW, what the prices pay g) of every whole count, the dominated left out.
                 points.clear();
                 points.push((0.0, 0.0));
-                for &p in &pools {
+                for (i, &p) in pools.iter().enumerate() {
                     let cap = self.cap_gpus[p][t];
                     own -= mu[p][t] * cap;
                     let whole = (cap + 1e-9).floor().max(0.0) as u32;
@@ -1190,7 +1216,8 @@ impl<'p, 'a> Pricer<'p, 'a> {
                             most_paid = paid;
                         }
                     }
-                    if points.len() == 1 && points[0] == (0.0, 0.0) {
+                    // The first pool's points are the site's so far as they are.
+                    if i == 0 {
                         std::mem::swap(&mut points, &mut pool_points);
                         continue;
                     }

@@ -899,7 +899,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     break;
                 }
                 from = Some(now);
-                match lagrange::bound_on_grid(&problem, &include, best, finer) {
+                match lagrange::finer_terms_on_grid(&problem, &include, best, finer) {
                     Some(finer_terms) => terms.merge(&finer_terms),
                     None => break,
                 }
