@@ -829,8 +829,26 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 break;
             }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
-            let stalled =
+            let mut stalled =
                 step_gone || previous.is_some_and(|b| bound - b < STALL_SHARE * (current - bound));
+            // A coarse round that has not stalled is weighed against the finer grid: one
+            // pricing there at the best prices (a true bound too). When it lifts the bound by
+            // more than the round did, the coarse grid's rounding is what holds the bound back,
+            // and the rounds move on.
+            if !stalled
+                && grid == lagrange::Grid::Coarse
+                && !options.stop.at(rounds_end)
+                && let (Some(finer), Some(b), Some(best)) =
+                    (stalled_grid, previous, prices.as_ref())
+                && let Some(terms) = lagrange::finer_terms_on_grid(&problem, &include, best, finer)
+            {
+                let probe = terms.lagrangian_g();
+                let best_bound = dual_bound.unwrap_or(bound);
+                if probe > best_bound {
+                    dual_bound = Some(probe);
+                }
+                stalled = probe - best_bound > bound - b;
+            }
             // A stalled coarse round moves to the finer grid; the rounds end when their share
             // of the budget has passed or the step has shrunk away on the last grid.
             let finer = stalled_grid.filter(|_| stalled && grid == lagrange::Grid::Coarse);
