@@ -834,7 +834,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             // A coarse round that has not stalled is weighed against the finer grid: one
             // pricing there at the best prices (a true bound too). When it lifts the bound by
             // more than the round did, the coarse grid's rounding is what holds the bound back,
-            // and the rounds move on.
+            // and the rounds move on. Otherwise its value stays the bound, which the next
+            // coarse round, rounded coarser, rarely beats: that round then counts as stalled
+            // (its gain over the bound is below zero), keeps the prices it started from, and
+            // the rounds move on after it. So once a finer grid fits, at most three coarse
+            // rounds run (M and L ran three, where they ran four and seven before:
+            // docs/benchmarks.md).
             if !stalled
                 && grid == lagrange::Grid::Coarse
                 && !options.stop.at(rounds_end)
