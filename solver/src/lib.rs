@@ -137,6 +137,15 @@ const MASTER_START_SCALE: f64 = 0.05;
 /// A round of the Lagrangian ascent that lifts the bound by less than this share of the gap
 /// has stalled on its work grid.
 const STALL_SHARE: f64 = 0.02;
+/// On large fleets under a budget, a round on the finer grid (after its first) that lifts the
+/// bound by less than this share of the gap ends the rounds. Rationale: on the benchmark's
+/// 1,000-job size the third and later finer rounds lift the bound by 0.003-0.09 kg of a 14-23 kg
+/// gap, about 2.5 s each, and the final bound, priced at their prices on finer grids, by no more;
+/// the column exchange and the search lower the plan by more in those seconds: over three draws
+/// the gap fell by 0.05-0.16 points on average (four runs against seven or more) and on none
+/// rose. At [`STALL_SHARE`] itself the rounds ended a round earlier and one draw's gap rose by
+/// 0.19 points, its last rounds' constructions having found a better plan (docs/benchmarks.md).
+const SETTLE_SHARE: f64 = 0.005;
 
 /// Subgradient iterations of the bound a large instance gets when no step computed one (the
 /// heuristic alone): about 4 s on the benchmark's 10,000-job size.
@@ -781,6 +790,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // The relaxed schedules of the last round, when its prices are the best and the
         // rounds ended before a construction at them.
         let mut unbuilt: Option<Schedule> = None;
+        let mut fine_rounds = 0usize;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
@@ -805,6 +815,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             iterations += outcome.iterations;
             if grid != lagrange::Grid::Coarse {
                 fine_iterations += outcome.iterations;
+                fine_rounds += 1;
             }
             scale = outcome.scale;
             let Some(bound) = outcome.bound_g else { break };
@@ -857,7 +868,14 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             // A stalled coarse round moves to the finer grid; the rounds end when their share
             // of the budget has passed or the step has shrunk away on the last grid.
             let finer = stalled_grid.filter(|_| stalled && grid == lagrange::Grid::Coarse);
-            if options.stop.at(rounds_end) || (step_gone && finer.is_none()) {
+            // On large fleets under a budget, a round on the finer grid (not its first) that
+            // lifts the bound by less than SETTLE_SHARE of the gap ends the rounds: their
+            // seconds go to the steps that lower the plan.
+            let settled = budgeted_search
+                && grid != lagrange::Grid::Coarse
+                && fine_rounds >= 2
+                && previous.is_some_and(|b| bound - b < SETTLE_SHARE * (current - bound));
+            if options.stop.at(rounds_end) || (step_gone && finer.is_none()) || settled {
                 unbuilt = improved_bound.then_some(outcome.relaxed);
                 break;
             }
