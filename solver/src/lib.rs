@@ -139,7 +139,7 @@ const MASTER_START_SCALE: f64 = 0.05;
 const STALL_SHARE: f64 = 0.02;
 /// On large fleets under a budget, a round on the finer grid (after its first) that lifts the
 /// bound by less than this share of the gap ends the rounds. Rationale: on the benchmark's
-/// 1,000-job size the third and later finer rounds lift the bound by 0.003-0.09 kg of a 14-23 kg
+/// 1,000-job size the third and later finer rounds lift the bound by 0.003-0.09 kg of a 21-23 kg
 /// gap, about 2.5 s each, and the final bound, priced at their prices on finer grids, by no more;
 /// the column exchange and the search lower the plan by more in those seconds: over three draws
 /// the gap fell by 0.05-0.16 points on average (four runs against seven or more) and on none
