@@ -790,7 +790,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // The relaxed schedules of the last round, when its prices are the best and the
         // rounds ended before a construction at them.
         let mut unbuilt: Option<Schedule> = None;
-        let mut fine_rounds = 0usize;
         // A converged master has maximised the dual already.
         while !master_converged
             && iterations < options.max_dual_iterations
@@ -815,7 +814,6 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             iterations += outcome.iterations;
             if grid != lagrange::Grid::Coarse {
                 fine_iterations += outcome.iterations;
-                fine_rounds += 1;
             }
             scale = outcome.scale;
             let Some(bound) = outcome.bound_g else { break };
@@ -873,7 +871,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             // seconds go to the steps that lower the plan.
             let settled = budgeted_search
                 && grid != lagrange::Grid::Coarse
-                && fine_rounds >= 2
+                && fine_iterations > outcome.iterations
                 && previous.is_some_and(|b| bound - b < SETTLE_SHARE * (current - bound));
             if options.stop.at(rounds_end) || (step_gone && finer.is_none()) || settled {
                 unbuilt = improved_bound.then_some(outcome.relaxed);
