@@ -82,10 +82,11 @@ const FINAL_REFINE_SHARE: f64 = 0.05;
 /// 1,000-job size 16 times finer priced in 0.20 s, 32 times finer in 0.39 s).
 const REFINE_GROWTH: f64 = 2.0;
 /// Share of a caller's budget the final evaluation may spend, after its refinements, pricing
-/// the migratable jobs with their moves' losses (`lagrange::moves_bound`). Rationale: on the
-/// benchmark's 1,000-job size that pricing takes about 1.5 s for the 307 jobs whose free-move
-/// schedule moved, within what the refinements leave of their share plus this one, and lifts
-/// the bound by 0.30 kg at the same prices (docs/benchmarks.md).
+/// the migratable jobs with their moves' losses and costs (`lagrange::moves_bound`).
+/// Rationale: on the benchmark's 1,000-job size the 307 jobs whose free-move schedule moved
+/// take about 3 s with the refinements; at 3 % of the budget 205-273 of them were priced,
+/// and once each move's transfer energy is priced the rest lift the bound by 0.2-0.3 kg more
+/// (docs/benchmarks.md).
 const MOVES_BOUND_SHARE: f64 = 0.08;
 
 /// Share of the time limit given to the MILP over the master LP's real schedules.
