@@ -2330,10 +2330,6 @@ mod tests {
         assert!(compared >= 8, "only {compared} instances were compared");
     }
 
-    /// One migratable job, two sites whose clean hours alternate and a slow link: with moves
-    /// free its relaxation hops to every clean hour, but each move loses 40 % of a slot, so no
-    /// real schedule can. The moves' least losses lift the bound to the exact optimum's
-    /// neighbourhood and never past it.
     /// A job of 4.5 hours in 6 hourly slots whose two sites take turns at being clean, priced
     /// at the grid's carbon: its Lagrangian value with free moves, then with its moves priced
     /// by [`moves_bound`] (and the jobs priced and the candidates), and its exact optimum, g.
@@ -2414,6 +2410,10 @@ mod tests {
         (free, with_moves, priced, optimum_g)
     }
 
+    /// One migratable job, two sites whose clean hours alternate and a slow link: with moves
+    /// free its relaxation hops to every clean hour, but each move loses 40 % of a slot, so no
+    /// real schedule can. The moves' least losses lift the bound to the exact optimum's
+    /// neighbourhood and never past it.
     #[test]
     fn the_moves_losses_lift_the_bound_of_a_job_that_would_hop() {
         let (free, with_moves, priced, optimum_g) = hopper_bounds(120.0, 1.0, 0.0, 0.0);
