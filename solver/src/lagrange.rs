@@ -194,12 +194,8 @@ fn price_job_moving(
     let first_moves = moving.start == Start::Elsewhere;
     dp.back3.clear();
     dp.back3.resize(window.len() * n_states, (0, 0, 0));
-    for v in [&mut dp.any, &mut dp.any2, &mut dp.arrive] {
-        v.resize(w, f64::INFINITY);
-    }
-    for v in [&mut dp.any_from, &mut dp.any2_from, &mut dp.arrive_from] {
-        v.resize(w, 0);
-    }
+    dp.any.resize(w, f64::INFINITY);
+    dp.any_from.resize(w, 0);
     let to_units = |work_h: f64| Problem::grid_units(work_h, unit_h, k, round_up);
     // The transfer's priced load at a site in slot `t`.
     let transfer_g = |site: Option<usize>, t: usize| {
@@ -211,11 +207,10 @@ fn price_job_moving(
         for (state, b) in back.iter_mut().enumerate() {
             *b = ((state / w) as u16, (state % w) as u16, 0);
         }
-        // Per work done, the cheapest state to move from with the transfer's load at the site
-        // it leaves, and the cheapest from another site (whatever the prices' signs, a move
-        // to the first one's site is a stay).
+        // Per work done, the cheapest state to move from, with the transfer's load at the site
+        // it leaves. Where that is the site a run is at, a move from any other site costs no
+        // less (prices and penalty >= 0) and does less work than staying, so it is skipped.
         dp.any.iter_mut().for_each(|v| *v = f64::INFINITY);
-        dp.any2.iter_mut().for_each(|v| *v = f64::INFINITY);
         let sources = if first_moves { n_s + 1 } else { n_s };
         for s in 0..sources {
             let leave_g = if s < n_s {
@@ -226,13 +221,8 @@ fn price_job_moving(
             for u in 0..w {
                 let v = dp.cost[s * w + u] + leave_g;
                 if v < dp.any[u] {
-                    dp.any2[u] = dp.any[u];
-                    dp.any2_from[u] = dp.any_from[u];
                     dp.any[u] = v;
                     dp.any_from[u] = s as u16;
-                } else if v < dp.any2[u] {
-                    dp.any2[u] = v;
-                    dp.any2_from[u] = s as u16;
                 }
             }
         }
@@ -244,14 +234,6 @@ fn price_job_moving(
         for s in 0..n_s {
             let row = &dp.cost[s * w..(s + 1) * w];
             let arrive_g = moving.penalty_g + transfer_g(Some(moving.sites[s]), t);
-            // Per work done, the cheapest way to arrive here by a move, before the run.
-            for u in 0..w {
-                (dp.arrive[u], dp.arrive_from[u]) = if usize::from(dp.any_from[u]) != s {
-                    (dp.any[u] + arrive_g, dp.any_from[u])
-                } else {
-                    (dp.any2[u] + arrive_g, dp.any2_from[u])
-                };
-            }
             for (o, opt) in site_options[s][t].iter().enumerate() {
                 let c = opt.cost_g * scale;
                 let stay = to_units(opt.work_h);
@@ -273,12 +255,12 @@ fn price_job_moving(
                             back[target] = (s as u16, u as u16, tag);
                         }
                     }
-                    let base = dp.arrive[u];
-                    if base.is_finite() {
+                    let base = dp.any[u] + arrive_g;
+                    if base.is_finite() && usize::from(dp.any_from[u]) != s {
                         let target = s * w + (u + moved).min(k);
                         if base + c < dp.next[target] - 1e-12 {
                             dp.next[target] = base + c;
-                            back[target] = (dp.arrive_from[u], u as u16, tag);
+                            back[target] = (dp.any_from[u], u as u16, tag);
                         }
                     }
                 }
@@ -743,10 +725,6 @@ struct Dp {
     back3: Vec<(u16, u16, u16)>,
     any: Vec<f64>,
     any_from: Vec<u16>,
-    any2: Vec<f64>,
-    any2_from: Vec<u16>,
-    arrive: Vec<f64>,
-    arrive_from: Vec<u16>,
     /// Per window slot: the most units it and the slots after it can add, at most `k`.
     most_after: Vec<usize>,
     /// Each window slot's options' units on the grid, slot after slot.
