@@ -12,7 +12,9 @@
 //! slot is worth) and once at exact cost. When the caller allows, randomised ruin and recreate
 //! (a large-neighbourhood search over seeded samples of related jobs) follows until its stop,
 //! in epochs that split the sites in two halves searched side by side on copies of the plan;
-//! a caller may also ask for the randomised moves alone.
+//! a caller may also ask for the randomised moves alone. Before them, each gang job (several
+//! GPUs at once) tries an ejection move to every site and makes the best, since moves of a
+//! few jobs rarely free a gang's GPUs elsewhere.
 //!
 //! A move is kept only when the objective of the whole plan falls. Every cost is exact (the
 //! residual state's marginal grid cost, migrations and the change penalty against the previous
@@ -213,7 +215,7 @@ impl<'p> State<'p> {
             .filter_map(|&j| self.lift(problem, j).map(|(runs, cost)| (j, runs, cost)))
             .collect();
         let order: Vec<usize> = before.iter().map(|(j, _, _)| *j).collect();
-        self.settle(problem, before, None, &order, congestion)
+        self.settle(problem, before, None, &order, congestion, true)
     }
 
     /// One ejection move for `job`; returns the objective change when it was kept.
@@ -223,12 +225,42 @@ impl<'p> State<'p> {
             .overbooked(problem, job)
             .filter(|runs| *runs != old_runs)
         {
-            Some(target) => self.make_way(problem, job, target, vec![(job, old_runs, old_cost)]),
+            Some(target) => {
+                self.make_way(problem, job, target, vec![(job, old_runs, old_cost)], true)
+            }
             None => {
                 self.place(problem, job, old_runs);
                 None
             }
         }
+    }
+
+    /// Moves a gang job (several GPUs at once) by an ejection move to the site where that
+    /// lowers the objective most: at each site in turn it is put where it would be cheapest if
+    /// the GPUs there were free, the jobs in its way put back where they are then cheapest, and
+    /// the plan restored; the best such move is then made. Returns its change.
+    fn relocate_gang(&mut self, problem: &Problem, job: usize) -> Option<f64> {
+        let n_sites = problem.inst.sites.len();
+        let mut best: Option<(f64, Vec<Slot>)> = None;
+        for site in 0..n_sites {
+            let (old_runs, old_cost) = self.lift(problem, job)?;
+            self.residual.sites = Some((0..n_sites).map(|s| s == site).collect());
+            let target = self.overbooked(problem, job);
+            self.residual.sites = None;
+            let Some(target) = target.filter(|runs| *runs != old_runs) else {
+                self.place(problem, job, old_runs);
+                continue;
+            };
+            // A trial: the plan is as it was afterwards, the job included.
+            let before = vec![(job, old_runs, old_cost)];
+            let delta = self.make_way(problem, job, target.clone(), before, false);
+            if let Some(delta) = delta.filter(|&d| best.as_ref().is_none_or(|(b, _)| d < *b)) {
+                best = Some((delta, target));
+            }
+        }
+        let (_, target) = best?;
+        let (old_runs, old_cost) = self.lift(problem, job)?;
+        self.make_way(problem, job, target, vec![(job, old_runs, old_cost)], true)
     }
 
     /// Serves `job`, which the plan leaves out: puts it where it would be cheapest if the GPUs
@@ -306,6 +338,7 @@ impl<'p> State<'p> {
         job: usize,
         target: Vec<Slot>,
         mut before: Vec<(usize, Vec<Slot>, f64)>,
+        commit: bool,
     ) -> Option<f64> {
         let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
             for (j, runs, _) in before {
@@ -319,7 +352,7 @@ impl<'p> State<'p> {
             }
         }
         holders.sort_by_key(|&h| (problem.jobs[h].window.end, problem.jobs[h].window.start, h));
-        self.settle(problem, before, Some((job, target)), &holders, None)
+        self.settle(problem, before, Some((job, target)), &holders, None, commit)
     }
 
     /// Finishes a move whose jobs `before` (with their old runs and costs) are out: puts `fixed`
@@ -333,6 +366,7 @@ impl<'p> State<'p> {
         fixed: Option<(usize, Vec<Slot>)>,
         others: &[usize],
         congestion: Option<&'p [Vec<f64>]>,
+        commit: bool,
     ) -> Option<f64> {
         let old_total: f64 = before.iter().map(|(_, _, c)| c).sum();
         let mut placed: Vec<usize> = Vec::new();
@@ -361,7 +395,8 @@ impl<'p> State<'p> {
             placed.push(j);
         }
         let delta = new_total - old_total;
-        if ok && delta < -1e-6 * old_total.abs().max(1.0) {
+        let lower = ok && delta < -1e-6 * old_total.abs().max(1.0);
+        if lower && commit {
             return Some(delta);
         }
         for j in placed {
@@ -370,8 +405,32 @@ impl<'p> State<'p> {
         for (j, runs, _) in before {
             self.place(problem, j, runs);
         }
-        None
+        lower.then_some(delta)
     }
+}
+
+/// One pass of [`State::relocate_gang`] over the served jobs that need more than one GPU,
+/// the largest first; returns the moves kept and their gain, g.
+fn relocate_gangs(
+    problem: &Problem,
+    state: &mut State,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> (usize, f64) {
+    let mut gangs: Vec<usize> = (0..problem.jobs.len())
+        .filter(|&j| problem.jobs[j].gpus > 1 && state.runs[j].is_some())
+        .collect();
+    gangs.sort_by_key(|&j| (std::cmp::Reverse(problem.jobs[j].gpus), j));
+    let (mut moves, mut gain_g) = (0, 0.0);
+    for job in gangs {
+        if stop() {
+            break;
+        }
+        if let Some(delta) = state.relocate_gang(problem, job) {
+            moves += 1;
+            gain_g -= delta;
+        }
+    }
+    (moves, gain_g)
 }
 
 /// Runs passes of ejection moves over the planned jobs until a pass changes nothing, then rounds
@@ -484,6 +543,11 @@ pub(crate) fn improve<'p>(
     if served < 2 || problem.n_slots == 0 || most_ruins == 0 {
         return done(state, moves, gain_g);
     }
+    // Gang jobs first: the randomised moves take out a few jobs at a time and rarely free a
+    // gang's GPUs at another site.
+    let (m, g) = relocate_gangs(problem, &mut state, stop);
+    moves += m;
+    gain_g += g;
     if n_sites < 2 {
         let all = vec![true; problem.jobs.len()];
         let (m, g) = random_moves(
@@ -923,6 +987,76 @@ mod tests {
         assert_eq!(plan.runs[1].as_deref(), Some(&[at(3)][..]));
         assert_eq!(plan.runs[2].as_deref(), Some(&[at(1)][..]));
         let check = validate(&instance, &problem.to_plan(&plan, &[]));
+        assert!(check.valid, "{:?}", check.violations);
+    }
+
+    /// Two sites of two GPUs, one clean and one dirty, two hourly slots. The gang (both GPUs,
+    /// due after the first slot) runs at the dirty site because two single-GPU jobs hold the
+    /// clean GPUs then; relocating it puts it at the clean site and them in the second slot,
+    /// and a second try finds nothing better and leaves the plan as it is.
+    #[test]
+    fn a_gang_moves_to_the_clean_site_and_the_jobs_in_its_way_make_room() {
+        let hour = |h: usize| format!("2023-06-01T{h:02}:00:00Z");
+        let site = |id: &str, carbon: f64| {
+            serde_json::json!({ "id": id, "gpus": { "H100": 2 }, "pue": 1.0, "wan_gbps": 10.0,
+                                "surplus_kw": [0.0, 0.0], "carbon_g_per_kwh": [carbon, carbon] })
+        };
+        let job = |id: &str, gpus: u32, deadline: usize| {
+            serde_json::json!({ "id": id, "gpus": gpus, "work_hours": 1.0,
+                                "release_utc": hour(0), "deadline_utc": hour(deadline),
+                                "home_site": "clean" })
+        };
+        let value = serde_json::json!({
+            "start_utc": hour(0), "slot_minutes": 60, "slots": 2,
+            "gpu_models": { "H100": { "power_levels_w": [700], "throughput": [1.0],
+                                      "speed": 1.0, "idle_w": 50 } },
+            "sites": [site("clean", 100.0), site("dirty", 500.0)],
+            "jobs": [job("gang", 2, 1), job("a", 1, 2), job("b", 1, 2)]
+        });
+        let instance = Instance::from_json(&value.to_string()).expect("a valid instance");
+        let problem = Problem::new(&instance);
+        let pool = |name: &str| {
+            let site = instance.sites.iter().position(|s| s.id == name).unwrap();
+            problem.pools.iter().position(|p| p.site == site).unwrap()
+        };
+        let (clean, dirty) = (pool("clean"), pool("dirty"));
+        let run = |pool, slot| Slot {
+            slot,
+            pool,
+            level: 0,
+        };
+        let start = Schedule {
+            runs: vec![
+                Some(vec![run(dirty, 0)]),
+                Some(vec![run(clean, 0)]),
+                Some(vec![run(clean, 0)]),
+            ],
+        };
+        let mut state = State::new(&problem, &start);
+        let delta = state
+            .relocate_gang(&problem, 0)
+            .expect("a move that lowers the plan");
+        let before = problem.evaluate(&start).objective_g;
+        let moved = Schedule {
+            runs: state.runs.clone(),
+        };
+        let after = problem.evaluate(&moved).objective_g;
+        // The gang's 1.4 kWh at 100 instead of 500 g/kWh, the dirty GPUs' 0.1 kWh idle
+        // draw (which its runs replaced) at 500 and the clean ones' at 100 gone.
+        assert!((delta + 520.0).abs() < 1e-6, "{delta}");
+        assert!(
+            (before + delta - after).abs() < 1e-6,
+            "{before} {delta} {after}"
+        );
+        assert_eq!(moved.runs[0].as_deref(), Some(&[run(clean, 0)][..]));
+        assert_eq!(moved.runs[1].as_deref(), Some(&[run(clean, 1)][..]));
+        assert_eq!(moved.runs[2].as_deref(), Some(&[run(clean, 1)][..]));
+        assert!(state.relocate_gang(&problem, 0).is_none());
+        assert_eq!(
+            state.runs, moved.runs,
+            "a try that is not kept changes nothing"
+        );
+        let check = validate(&instance, &problem.to_plan(&moved, &[]));
         assert!(check.valid, "{:?}", check.violations);
     }
 
