@@ -12,7 +12,7 @@
 //! serving the included jobs, for any non-negative prices, converged or not. The final
 //! evaluation keeps the value as a constant plus one term per job ([`BoundTerms`]), so pricings
 //! at the same prices combine job by job, and prices the migratable jobs that moved once more
-//! with their site as state, each move losing the least transfer time of their site pairs
+//! with their site as state, each move losing the least transfer time into the site it reaches
 //! ([`moves_bound`]): still a relaxation of every real schedule. Its site-slot terms take the
 //! sites' GPUs whole ([`Pricer::whole_gpus_gain_g`]), which only lifts the value at the same
 //! prices; the ascent keeps the relaxation's own terms.
@@ -164,7 +164,8 @@ fn pareto(points: &mut [Option_], out: &mut Vec<Option_>) {
 
 /// [`price_job`] for a migratable job with the site it last ran at as state: `site_options[i]`
 /// are the per-slot options at its i-th site (`moving.sites[i]`). A move (a run at another
-/// site than the last one) loses `moving.loss_share` of that run's work and costs
+/// site than the last one) loses `moving.loss_share` (of the site it reaches) of that run's
+/// work and costs
 /// `moving.penalty_g` and its checkpoint transfer's load (`moving.transfer_kw`) at both ends,
 /// priced at `lambda` in the slot it arrives in, as the plan's evaluation charges them; the
 /// first placement of a fresh job is free.
@@ -237,7 +238,7 @@ fn price_job_moving(
             for (o, opt) in site_options[s][t].iter().enumerate() {
                 let c = opt.cost_g * scale;
                 let stay = to_units(opt.work_h);
-                let moved = to_units(opt.work_h * (1.0 - moving.loss_share));
+                let moved = to_units(opt.work_h * (1.0 - moving.loss_share[s]));
                 let tag = o as u16 + 1;
                 if fresh_cost.is_finite() {
                     let target = s * w + stay;
@@ -592,8 +593,9 @@ pub(crate) fn moves_cells(problem: &Problem, terms: &BoundTerms, grid: Grid) -> 
 }
 
 /// Raises the terms of `terms` (at `prices`) of the migratable jobs whose free-move schedule
-/// moved: each priced with its site as state, every move losing the least transfer time over
-/// its site pairs ([`Moves::Bound`]), on the finest of `grid` and its halvings its states fit.
+/// moved: each priced with its site as state, every move losing the least transfer time into
+/// the site it reaches over the sites it may leave ([`Moves::Bound`]), on the finest of `grid`
+/// and its halvings its states fit.
 /// Every real schedule is a point of that relaxation, and free moves price a superset, so each
 /// job keeps the larger of its two terms (a job whose free-move schedule stays put would gain
 /// nothing on that grid). Jobs left when `stop` answers `true` keep theirs. Returns the jobs
@@ -680,10 +682,11 @@ struct Moving {
     penalty_g: f64,
     /// Where the job starts: index into its site groups, or none yet.
     start: Start,
-    /// Share of a slot's work lost in the slot a move arrives in: for real pricing the most
-    /// over its site pairs, so the programme's schedules do their work; for bounds the least,
-    /// so every real schedule stays a point of the relaxation.
-    loss_share: f64,
+    /// Per site (index into `sites`), the share of a slot's work lost in the slot a move
+    /// arriving there runs: for real pricing the most over all its site pairs, so the
+    /// programme's schedules do their work; for bounds the least over the sites a move may
+    /// leave for it, so every real schedule stays a point of the relaxation.
+    loss_share: Vec<f64>,
 }
 
 /// Which jobs a [`Pricer`] prices with their site as state, and how their moves count.
@@ -694,8 +697,8 @@ pub(crate) enum Moves {
     /// Migratable jobs with their site as state, each move losing the most transfer time over
     /// the job's site pairs, for real (rounded-down) pricing; bounds are priced with moves free.
     Real,
-    /// Migratable jobs with their site as state, each move losing the least transfer time over
-    /// the job's site pairs, in bound (rounded-up) pricing as well: a relaxation that still
+    /// Migratable jobs with their site as state, each move losing the least transfer time into
+    /// the site it reaches, in bound (rounded-up) pricing as well: a relaxation that still
     /// holds every real schedule, tighter than free moves ([`moves_bound`]).
     Bound,
 }
@@ -1082,12 +1085,15 @@ impl<'p, 'a> Pricer<'p, 'a> {
             let job_groups = pool_sets.into_iter().map(&mut group_of).collect();
             let moving = moving.then(|| {
                 let from: Vec<usize> = sites.iter().copied().chain(view.current_site).collect();
-                let (mut least, mut most) = (f64::INFINITY, 0.0_f64);
+                // Per site reached, the least share over the sites a move may leave; the most
+                // over every pair.
+                let mut least = vec![1.0_f64; sites.len()];
+                let mut most = 0.0_f64;
                 for &a in &from {
-                    for &b in &sites {
+                    for (i, &b) in sites.iter().enumerate() {
                         if a != b {
                             let share = (problem.transfer_s(job, a, b) / problem.slot_s).min(1.0);
-                            least = least.min(share);
+                            least[i] = least[i].min(share);
                             most = most.max(share);
                         }
                     }
@@ -1113,7 +1119,11 @@ impl<'p, 'a> Pricer<'p, 'a> {
                             .position(|&s| s == c)
                             .map_or(Start::Elsewhere, Start::At),
                     },
-                    loss_share: if moves == Moves::Bound { least } else { most },
+                    loss_share: if moves == Moves::Bound {
+                        least
+                    } else {
+                        vec![most; sites.len()]
+                    },
                 }
             });
             jobs.push(JobPricing {
@@ -2311,11 +2321,13 @@ mod tests {
     /// A job of 4.5 hours in 6 hourly slots whose two sites take turns at being clean, priced
     /// at the grid's carbon: its Lagrangian value with free moves, then with its moves priced
     /// by [`moves_bound`] (and the jobs priced and the candidates), and its exact optimum, g.
+    /// With `fast_pair`, two more sites, always dirty and with a fast link between them.
     fn hopper_bounds(
         save_s: f64,
         wan_gbps: f64,
         transfer_kwh_per_gb: f64,
         migration_penalty_g: f64,
+        fast_pair: bool,
     ) -> (f64, f64, (usize, usize), f64) {
         let carbon = |clean_first: bool| -> Vec<f64> {
             (0..6)
@@ -2334,13 +2346,22 @@ mod tests {
                 "surplus_kw": vec![0.0; 6], "carbon_g_per_kwh": carbon(clean_first),
             })
         };
+        let mut sites = vec![site("a", true), site("b", false)];
+        if fast_pair {
+            for id in ["c", "d"] {
+                sites.push(serde_json::json!({
+                    "id": id, "zone": id, "gpus": { "H100": 1 }, "pue": 1.0, "wan_gbps": 1e6,
+                    "surplus_kw": vec![0.0; 6], "carbon_g_per_kwh": vec![900.0; 6],
+                }));
+            }
+        }
         let instance = crate::Instance::from_json(
             &serde_json::json!({
                 "start_utc": "2024-01-01T00:00:00Z", "slot_minutes": 60, "slots": 6,
                 "gpu_models": { "H100": {
                     "power_levels_w": [700.0], "throughput": [1.0], "speed": 1.0, "idle_w": 0.0,
                 } },
-                "sites": [site("a", true), site("b", false)],
+                "sites": sites,
                 "jobs": [{
                     "id": "hopper", "gpus": 1, "work_hours": 4.5,
                     "release_utc": "2024-01-01T00:00:00Z", "deadline_utc": "2024-01-01T06:00:00Z",
@@ -2394,12 +2415,29 @@ mod tests {
     /// neighbourhood and never past it.
     #[test]
     fn the_moves_losses_lift_the_bound_of_a_job_that_would_hop() {
-        let (free, with_moves, priced, optimum_g) = hopper_bounds(120.0, 1.0, 0.0, 0.0);
+        let (free, with_moves, priced, optimum_g) = hopper_bounds(120.0, 1.0, 0.0, 0.0, false);
         assert_eq!(priced, (1, 1));
         assert!(
             with_moves > free + 100.0 && with_moves <= optimum_g + 1e-6 * optimum_g,
             "free moves {free} g, with their losses {with_moves} g, optimum {optimum_g} g"
         );
+    }
+
+    /// The same job with two more sites it never gains from, always dirty, with a fast link
+    /// between them: a move's loss is the least over the sites it may leave for the site it
+    /// reaches, so a fast link that reaches neither of the job's clean sites leaves the bound
+    /// as it was without them.
+    #[test]
+    fn a_fast_link_elsewhere_leaves_the_moves_losses_into_a_site_as_they_are() {
+        let (_, alone, _, alone_optimum_g) = hopper_bounds(120.0, 1.0, 0.0, 0.0, false);
+        let (free, with_moves, priced, optimum_g) = hopper_bounds(120.0, 1.0, 0.0, 0.0, true);
+        assert_eq!(priced, (1, 1));
+        assert!((optimum_g - alone_optimum_g).abs() <= 1e-6 * optimum_g);
+        assert!(
+            (with_moves - alone).abs() <= 1e-6 * alone && with_moves > free + 100.0,
+            "free moves {free} g, with their losses {with_moves} g, two sites alone {alone} g"
+        );
+        assert!(with_moves <= optimum_g + 1e-6 * optimum_g);
     }
 
     #[test]
@@ -2409,7 +2447,7 @@ mod tests {
         // free moves against 655, 475 and 755 g).
         for (kwh_per_gb, penalty_g) in [(0.002, 0.0), (0.0, 100.0), (0.002, 100.0)] {
             let (free, with_moves, priced, optimum_g) =
-                hopper_bounds(0.0, 1e6, kwh_per_gb, penalty_g);
+                hopper_bounds(0.0, 1e6, kwh_per_gb, penalty_g, false);
             assert_eq!(priced, (1, 1));
             assert!(
                 with_moves > free + 50.0 && (with_moves - optimum_g).abs() <= 1e-6 * optimum_g,
