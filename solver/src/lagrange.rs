@@ -165,10 +165,9 @@ fn pareto(points: &mut [Option_], out: &mut Vec<Option_>) {
 /// [`price_job`] for a migratable job with the site it last ran at as state: `site_options[i]`
 /// are the per-slot options at its i-th site (`moving.sites[i]`). A move (a run at another
 /// site than the last one) loses `moving.loss_share` (of the site it reaches) of that run's
-/// work and costs
-/// `moving.penalty_g` and its checkpoint transfer's load (`moving.transfer_kw`) at both ends,
-/// priced at `lambda` in the slot it arrives in, as the plan's evaluation charges them; the
-/// first placement of a fresh job is free.
+/// work and costs `moving.penalty_g` and its checkpoint transfer's load (`moving.transfer_kw`)
+/// at both ends, priced at `lambda` in the slot it arrives in, as the plan's evaluation
+/// charges them; the first placement of a fresh job is free.
 #[allow(clippy::too_many_arguments)]
 fn price_job_moving(
     site_options: &[&[Vec<Option_>]],
