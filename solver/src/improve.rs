@@ -410,16 +410,23 @@ impl<'p> State<'p> {
 }
 
 /// One pass of [`State::relocate_gang`] over the served jobs that need more than one GPU,
-/// the largest first; returns the moves kept and their gain, g.
+/// the largest first, then over the served jobs of `focus` in their order; returns the moves
+/// kept and their gain, g.
 fn relocate_gangs(
     problem: &Problem,
     state: &mut State,
+    focus: &[usize],
     stop: &(dyn Fn() -> bool + Sync),
 ) -> (usize, f64) {
     let mut gangs: Vec<usize> = (0..problem.jobs.len())
         .filter(|&j| problem.jobs[j].gpus > 1 && state.runs[j].is_some())
         .collect();
     gangs.sort_by_key(|&j| (std::cmp::Reverse(problem.jobs[j].gpus), j));
+    gangs.extend(
+        focus
+            .iter()
+            .filter(|&&j| problem.jobs[j].gpus == 1 && state.runs[j].is_some()),
+    );
     let (mut moves, mut gain_g) = (0, 0.0);
     for job in gangs {
         if stop() {
@@ -438,7 +445,9 @@ fn relocate_gangs(
 /// [`REBUILD_JOBS`] of them, put back in deadline order, once paying `congestion` per GPU-slot
 /// and once at exact cost) until a round changes nothing, then up to `most_ruins` randomised
 /// ruin-and-recreate moves; `stop` ends any of them early. Jobs drawing the dirtiest power move
-/// first. Without `passes` only the randomised moves run.
+/// first. Without `passes` only the randomised moves run. Before the randomised moves, each
+/// gang job and then each job of `focus` (jobs the plan has just placed wherever they fitted,
+/// such as jobs served late) tries an ejection move to every site and makes the best.
 pub(crate) fn improve<'p>(
     problem: &Problem,
     start: &Schedule,
@@ -446,6 +455,7 @@ pub(crate) fn improve<'p>(
     stop: &(dyn Fn() -> bool + Sync),
     most_ruins: usize,
     passes: bool,
+    focus: &[usize],
 ) -> Outcome {
     let mut state: State<'p> = State::new(problem, start);
     let mut moves = 0;
@@ -545,7 +555,7 @@ pub(crate) fn improve<'p>(
     }
     // Gang jobs first: the randomised moves take out a few jobs at a time and rarely free a
     // gang's GPUs at another site.
-    let (m, g) = relocate_gangs(problem, &mut state, stop);
+    let (m, g) = relocate_gangs(problem, &mut state, focus, stop);
     moves += m;
     gain_g += g;
     if n_sites < 2 {
@@ -824,17 +834,17 @@ mod tests {
                 (None, false),
                 (Some(congestion.as_slice()), false),
             ] {
-                let outcome = improve(&problem, &start, prices, &never, 200, passes_first);
+                let outcome = improve(&problem, &start, prices, &never, 200, passes_first, &[]);
                 // The randomised moves only follow the passes, so without them the search ends
                 // no lower; with them it is deterministic for a given number of moves.
                 if passes_first {
-                    let passes = improve(&problem, &start, prices, &never, 0, true);
+                    let passes = improve(&problem, &start, prices, &never, 0, true, &[]);
                     assert!(
                         problem.evaluate(&outcome.schedule).objective_g
                             <= problem.evaluate(&passes.schedule).objective_g + 1e-6
                     );
                 }
-                let again = improve(&problem, &start, prices, &never, 200, passes_first);
+                let again = improve(&problem, &start, prices, &never, 200, passes_first, &[]);
                 assert_eq!(again.schedule, outcome.schedule, "seed {seed}");
                 let before = problem.evaluate(&start).objective_g;
                 let after = problem.evaluate(&outcome.schedule).objective_g;

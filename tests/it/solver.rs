@@ -914,3 +914,60 @@ fn the_direct_milp_plans_validate_at_any_size() {
     assert!(m.lower_bound_g <= m.emissions_g + 1e-6, "{m:?}");
     assert!(!m.method.contains("neighbourhood"), "{}", m.method);
 }
+
+#[test]
+fn jobs_left_out_are_served_part_way_through_a_budgeted_search_under_a_true_bound() {
+    // A fleet too busy to serve every job (30 jobs on 16 GPUs over 8 slots), solved by the
+    // large path under a budget whose clock advances with each look at it: the search stops
+    // part-way, serves jobs the first plan left out, and searches on. The plan validates,
+    // leaves some jobs out, and its bound stays below the exact optimum over the jobs it serves.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let instance = random_instance(6, 30, 2, 8);
+    let looks = Arc::new(AtomicUsize::new(0));
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            time_limit_s: 10.0,
+            method: Method::Lagrangian,
+            stop: windfall_solver::Stop::budget(move || {
+                looks.fetch_add(1, Ordering::Relaxed) as f64 / 300_000.0
+            }),
+            ..SolveOptions::default()
+        },
+    );
+    let m = &solution.metrics;
+    assert!(m.method.contains("served part-way"), "{m:?}");
+    let check = validate(&instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    assert!(!m.infeasible_jobs.is_empty(), "{m:?}");
+    assert!(m.lower_bound_g <= m.objective_g + 1e-6, "{m:?}");
+    // The same fleet with only the jobs the plan serves, solved exactly.
+    let served: std::collections::BTreeSet<&str> = solution
+        .plan
+        .assignments
+        .iter()
+        .map(|a| a.job.as_str())
+        .collect();
+    let mut value = serde_json::to_value(&instance).unwrap();
+    value["jobs"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|job| served.contains(job["id"].as_str().unwrap()));
+    let restricted = Instance::from_json(&value.to_string()).unwrap();
+    let optimum = solve(
+        &restricted,
+        &SolveOptions {
+            method: Method::DirectMilp,
+            ..exact()
+        },
+    );
+    assert_eq!(optimum.metrics.status, "optimal", "{:?}", optimum.metrics);
+    let best = optimum.metrics.objective_g;
+    assert!(
+        m.lower_bound_g <= best + 1e-6 * best.abs(),
+        "bound {} above the optimum {best} over the served jobs",
+        m.lower_bound_g
+    );
+    assert!(best <= m.objective_g + 1e-6 * best.abs(), "{m:?}");
+}
