@@ -45,6 +45,9 @@ struct State<'p> {
     runs: Vec<Option<Vec<Slot>>>,
     /// Jobs running per pool and slot.
     holders: Vec<Vec<Vec<usize>>>,
+    /// While a trial runs, each job it has taken out or put in, with its runs before the
+    /// first change, so that [`State::roll_back`] restores the plan without a copy of it.
+    journal: Option<Vec<(usize, Option<Vec<Slot>>)>>,
 }
 
 impl<'p> State<'p> {
@@ -57,6 +60,7 @@ impl<'p> State<'p> {
                 .iter()
                 .map(|_| vec![Vec::new(); problem.n_slots])
                 .collect(),
+            journal: None,
         };
         for (job, runs) in schedule.runs.iter().enumerate() {
             if let Some(runs) = runs {
@@ -66,7 +70,32 @@ impl<'p> State<'p> {
         state
     }
 
+    /// Notes `job`'s runs before a trial's first change to it.
+    fn note(&mut self, job: usize) {
+        if let Some(journal) = self.journal.as_mut()
+            && !journal.iter().any(|(j, _)| *j == job)
+        {
+            journal.push((job, self.runs[job].clone()));
+        }
+    }
+
+    /// Undoes every change since the journal was opened, and closes it.
+    fn roll_back(&mut self, problem: &Problem) {
+        let Some(journal) = self.journal.take() else {
+            return;
+        };
+        for (job, _) in &journal {
+            self.lift(problem, *job);
+        }
+        for (job, runs) in journal {
+            if let Some(runs) = runs {
+                self.place(problem, job, runs);
+            }
+        }
+    }
+
     fn place(&mut self, problem: &Problem, job: usize, runs: Vec<Slot>) {
+        self.note(job);
         self.residual.apply(problem, job, &runs, 1.0);
         for run in &runs {
             self.holders[run.pool][run.slot].push(job);
@@ -76,6 +105,8 @@ impl<'p> State<'p> {
 
     /// Takes a job out; returns its runs and what they cost given everything else.
     fn lift(&mut self, problem: &Problem, job: usize) -> Option<(Vec<Slot>, f64)> {
+        self.runs[job].as_ref()?;
+        self.note(job);
         let runs = self.runs[job].take()?;
         self.residual.apply(problem, job, &runs, -1.0);
         for run in &runs {
@@ -266,10 +297,18 @@ impl<'p> State<'p> {
     /// Serves `job`, which the plan leaves out: puts it where it would be cheapest if the GPUs
     /// and grid headroom there were free, moves the jobs in its way out and puts them back
     /// where they are now cheapest, or, where one finds no place, serves it the same way in
-    /// turn, up to [`ADMIT_DEPTH`] moves deep. Kept when every job moved finds a place,
-    /// whatever the cost: a job served outweighs the grams; otherwise the plan is left as it
-    /// was. Returns whether the job is now served.
-    fn admit(&mut self, problem: &Problem, job: usize) -> bool {
+    /// turn, up to [`ADMIT_DEPTH`] moves deep; with `every_site`, where that fails, the same
+    /// move at each site in turn (where the job would be cheapest there with the GPUs free)
+    /// while `stop` allows. Kept when every job moved finds a place, whatever the cost: a job
+    /// served outweighs the grams; otherwise the plan is left as it was (the journal undoes
+    /// each failed try). Returns whether the job is now served.
+    fn admit(
+        &mut self,
+        problem: &Problem,
+        job: usize,
+        every_site: bool,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> bool {
         if self.runs[job].is_some() {
             return true;
         }
@@ -278,11 +317,32 @@ impl<'p> State<'p> {
         if self.place_cheapest(problem, job) {
             return true;
         }
-        let before = self.clone();
+        self.journal = Some(Vec::new());
         if self.admit_within(problem, job, ADMIT_DEPTH) {
+            self.journal = None;
             return true;
         }
-        *self = before;
+        self.roll_back(problem);
+        if every_site {
+            // The same move at each other site in turn, where the job would be cheapest there
+            // with the GPUs free: the cheapest site's jobs in the way may have nowhere to go.
+            let n_sites = problem.inst.sites.len();
+            for site in 0..n_sites {
+                if stop() {
+                    break;
+                }
+                self.residual.sites = Some((0..n_sites).map(|s| s == site).collect());
+                let target = self.overbooked(problem, job);
+                self.residual.sites = None;
+                let Some(target) = target else { continue };
+                self.journal = Some(Vec::new());
+                if self.admit_to(problem, job, target, ADMIT_DEPTH) {
+                    self.journal = None;
+                    return true;
+                }
+                self.roll_back(problem);
+            }
+        }
         false
     }
 
@@ -292,6 +352,11 @@ impl<'p> State<'p> {
         let Some(target) = self.overbooked(problem, job) else {
             return false;
         };
+        self.admit_to(problem, job, target, depth)
+    }
+
+    /// [`State::admit_within`] at a given `target`.
+    fn admit_to(&mut self, problem: &Problem, job: usize, target: Vec<Slot>, depth: usize) -> bool {
         let Some(mut holders) = self.holders_in_the_way(problem, job, &target) else {
             return false;
         };
@@ -752,13 +817,15 @@ const ADMIT_PASSES: usize = 3;
 const ADMIT_DEPTH: usize = 2;
 
 /// Serves what it can of `left_out` (jobs the plan `start` leaves out), each by an ejection
-/// move that places it and moves the jobs in its way elsewhere, in the given order, in passes
-/// until one serves none; `stop` ends it early. The plan's cost may rise: a job served
-/// outweighs the grams. Returns the plan and the jobs it now serves.
+/// move that places it and moves the jobs in its way elsewhere (at every site in turn where
+/// the cheapest fails, with `every_site`), in the given order, in passes until one serves
+/// none; `stop` ends it early. The plan's cost may rise: a job served outweighs the grams.
+/// Returns the plan and the jobs it now serves.
 pub(crate) fn admit(
     problem: &Problem,
     start: &Schedule,
     left_out: &[usize],
+    every_site: bool,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> (Schedule, Vec<usize>) {
     let mut state = State::new(problem, start);
@@ -769,7 +836,7 @@ pub(crate) fn admit(
             if stop() {
                 break;
             }
-            if !served.contains(&job) && state.admit(problem, job) {
+            if !served.contains(&job) && state.admit(problem, job, every_site, stop) {
                 served.push(job);
             }
         }
@@ -903,7 +970,7 @@ mod tests {
         let start = Schedule {
             runs: vec![Some(vec![run(1), run(2)]), None],
         };
-        let (plan, served) = admit(&problem, &start, &[1], &|| false);
+        let (plan, served) = admit(&problem, &start, &[1], false, &|| false);
         assert_eq!(served, vec![1]);
         assert_eq!(plan.runs[0].as_deref().map(<[Slot]>::len), Some(2));
         assert!(plan.runs[0].as_ref().is_some_and(|r| r.contains(&run(0))));
@@ -964,7 +1031,7 @@ mod tests {
         let start = Schedule {
             runs: vec![Some(vec![at(1), at(2)]), None],
         };
-        let (plan, served) = admit(&problem, &start, &[1], &|| false);
+        let (plan, served) = admit(&problem, &start, &[1], false, &|| false);
         assert_eq!(served, vec![1]);
         let long = plan.runs[0].as_deref().expect("long stays served");
         let short = plan.runs[1].as_deref().expect("short is served");
@@ -991,7 +1058,7 @@ mod tests {
         let start = Schedule {
             runs: vec![Some(vec![at(1)]), Some(vec![at(0)]), None],
         };
-        let (plan, served) = admit(&problem, &start, &[2], &|| false);
+        let (plan, served) = admit(&problem, &start, &[2], false, &|| false);
         assert_eq!(served, vec![2]);
         assert_eq!(plan.runs[0].as_deref(), Some(&[at(0)][..]));
         assert_eq!(plan.runs[1].as_deref(), Some(&[at(3)][..]));
@@ -1070,19 +1137,20 @@ mod tests {
         assert!(check.valid, "{:?}", check.violations);
     }
 
-    /// On crowded random fleets, what `admit` serves passes the validator with the rest still
-    /// left out, and every job served before stays served.
+    /// On crowded random fleets, what `admit` serves (with and without its tries at every
+    /// site, whose failures the journal undoes) passes the validator with the rest still left
+    /// out, and every job served before stays served.
     #[test]
     fn admitted_plans_stay_valid_and_keep_every_job_served() {
         let never = || false;
         let mut admitted = 0;
-        for seed in 0..12 {
+        for (seed, every_site) in (0..12).flat_map(|s| [(s, false), (s, true)]) {
             let instance = random_instance(seed, 60, 2, 12);
             let problem = Problem::new(&instance);
             let skip = vec![false; problem.jobs.len()];
             let (start, failed) = heuristic::construct(&problem, &skip, true, &never);
             let left_out: Vec<usize> = failed.iter().map(|(j, _)| *j).collect();
-            let (plan, served) = admit(&problem, &start, &left_out, &never);
+            let (plan, served) = admit(&problem, &start, &left_out, every_site, &never);
             for j in 0..problem.jobs.len() {
                 if start.runs[j].is_some() || served.contains(&j) {
                     assert!(plan.runs[j].is_some(), "seed {seed}: job {j} lost");
