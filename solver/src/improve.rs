@@ -266,11 +266,11 @@ impl<'p> State<'p> {
         }
     }
 
-    /// Moves a gang job (several GPUs at once) by an ejection move to the site where that
+    /// Moves a job (a gang job, or one just served) by an ejection move to the site where that
     /// lowers the objective most: at each site in turn it is put where it would be cheapest if
     /// the GPUs there were free, the jobs in its way put back where they are then cheapest, and
     /// the plan restored; the best such move is then made. Returns its change.
-    fn relocate_gang(&mut self, problem: &Problem, job: usize) -> Option<f64> {
+    fn relocate_to_best_site(&mut self, problem: &Problem, job: usize) -> Option<f64> {
         let n_sites = problem.inst.sites.len();
         let mut best: Option<(f64, Vec<Slot>)> = None;
         for site in 0..n_sites {
@@ -317,17 +317,25 @@ impl<'p> State<'p> {
         if self.place_cheapest(problem, job) {
             return true;
         }
-        self.journal = Some(Vec::new());
-        if self.admit_within(problem, job, ADMIT_DEPTH) {
-            self.journal = None;
-            return true;
+        // The site of the cheapest target, when it lies at one: the tries at every site below
+        // need not repeat it.
+        let mut tried: Option<usize> = None;
+        if let Some(target) = self.overbooked(problem, job) {
+            let mut sites = target.iter().map(|r| problem.pools[r.pool].site);
+            let first = sites.next();
+            tried = first.filter(|&s| sites.all(|other| other == s));
+            self.journal = Some(Vec::new());
+            if self.admit_to(problem, job, target, ADMIT_DEPTH) {
+                self.journal = None;
+                return true;
+            }
+            self.roll_back(problem);
         }
-        self.roll_back(problem);
         if every_site {
             // The same move at each other site in turn, where the job would be cheapest there
             // with the GPUs free: the cheapest site's jobs in the way may have nowhere to go.
             let n_sites = problem.inst.sites.len();
-            for site in 0..n_sites {
+            for site in (0..n_sites).filter(|&s| tried != Some(s)) {
                 if stop() {
                     break;
                 }
@@ -474,10 +482,10 @@ impl<'p> State<'p> {
     }
 }
 
-/// One pass of [`State::relocate_gang`] over the served jobs that need more than one GPU,
+/// One pass of [`State::relocate_to_best_site`] over the served jobs that need more than one GPU,
 /// the largest first, then over the served jobs of `focus` in their order; returns the moves
 /// kept and their gain, g.
-fn relocate_gangs(
+fn relocate(
     problem: &Problem,
     state: &mut State,
     focus: &[usize],
@@ -497,7 +505,7 @@ fn relocate_gangs(
         if stop() {
             break;
         }
-        if let Some(delta) = state.relocate_gang(problem, job) {
+        if let Some(delta) = state.relocate_to_best_site(problem, job) {
             moves += 1;
             gain_g -= delta;
         }
@@ -620,7 +628,7 @@ pub(crate) fn improve<'p>(
     }
     // Gang jobs first: the randomised moves take out a few jobs at a time and rarely free a
     // gang's GPUs at another site.
-    let (m, g) = relocate_gangs(problem, &mut state, focus, stop);
+    let (m, g) = relocate(problem, &mut state, focus, stop);
     moves += m;
     gain_g += g;
     if n_sites < 2 {
@@ -1111,7 +1119,7 @@ mod tests {
         };
         let mut state = State::new(&problem, &start);
         let delta = state
-            .relocate_gang(&problem, 0)
+            .relocate_to_best_site(&problem, 0)
             .expect("a move that lowers the plan");
         let before = problem.evaluate(&start).objective_g;
         let moved = Schedule {
@@ -1128,7 +1136,7 @@ mod tests {
         assert_eq!(moved.runs[0].as_deref(), Some(&[run(clean, 0)][..]));
         assert_eq!(moved.runs[1].as_deref(), Some(&[run(clean, 1)][..]));
         assert_eq!(moved.runs[2].as_deref(), Some(&[run(clean, 1)][..]));
-        assert!(state.relocate_gang(&problem, 0).is_none());
+        assert!(state.relocate_to_best_site(&problem, 0).is_none());
         assert_eq!(
             state.runs, moved.runs,
             "a try that is not kept changes nothing"

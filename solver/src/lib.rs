@@ -633,8 +633,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         chosen.runs[*job] = None;
     }
     // Admission moves for the jobs `unserved` leaves out of `chosen` (at every site in turn
-    // where the cheapest fails, with `every_site`): the plan and the jobs still left out, when
-    // it serves some and the validator accepts it.
+    // where the cheapest fails, with `every_site`): the plan, the jobs still left out and the
+    // jobs it served, when it serves some and the validator accepts it.
     let serve_left_out = |chosen: &Schedule,
                           unserved: &[(usize, String)],
                           every_site: bool,
@@ -648,13 +648,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             .collect();
         (!served.is_empty()
             && validate(instance, &problem.to_plan(&admitted, &named(&still))).valid)
-            .then_some((admitted, still))
+            .then_some((admitted, still, served))
     };
     // The jobs the first plan leaves out, unless an exact MILP proved it right, each get an
     // ejection move that serves them by moving the jobs in their way.
     if !unserved.is_empty() && !proven_optimal && !stop() {
         let left_out = unserved.len();
-        if let Some((admitted, still)) = serve_left_out(&chosen, &unserved, false, &stop) {
+        if let Some((admitted, still, _)) = serve_left_out(&chosen, &unserved, false, &stop) {
             method = format!(
                 "{method}, then {} job(s) it left out served by moving others",
                 left_out - still.len()
@@ -1103,13 +1103,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             let search_stop = || options.stop.at(search_end);
             let mut still_out = unserved.clone();
             let mut admitted_now: Vec<usize> = Vec::new();
-            if let Some((admitted, still)) = serve_left_out(&chosen, &unserved, true, &search_stop)
+            if let Some((admitted, still, served)) =
+                serve_left_out(&chosen, &unserved, true, &search_stop)
             {
-                admitted_now = left_out_ids
-                    .iter()
-                    .copied()
-                    .filter(|j| !still.iter().any(|(s, _)| s == j))
-                    .collect();
+                admitted_now = served;
                 method = format!(
                     "{method}, then {} job(s) left out served part-way",
                     admitted_now.len()
@@ -1297,7 +1294,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         && !late_stop()
         && serving_only_adds(&problem, &left_out)
     {
-        if let Some((admitted, still)) = serve_left_out(&chosen, &unserved, false, &late_stop) {
+        if let Some((admitted, still, _)) = serve_left_out(&chosen, &unserved, false, &late_stop) {
             method = format!(
                 "{method}, then {} more job(s) served once the search had made room",
                 unserved.len() - still.len()
