@@ -738,6 +738,13 @@ fn run(command: Command, config: Option<PathBuf>) -> Result<ExitCode> {
                 );
                 println!("migrations        {}", m.migrations);
                 println!("solve time        {:.2} s", m.solve_seconds);
+                if !m.infeasible_jobs.is_empty() {
+                    println!(
+                        "left out          {} job(s); every plan leaves out at least {}",
+                        m.infeasible_jobs.len(),
+                        m.left_out_at_least
+                    );
+                }
                 for entry in &m.infeasible_jobs {
                     println!("infeasible        {}: {}", entry.job, entry.reason);
                 }

@@ -28,6 +28,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod colgen;
+mod crowding;
 mod exchange;
 mod gap;
 mod heuristic;
@@ -1476,6 +1477,15 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         "feasible"
     };
+    // How many jobs every plan leaves out: those that cannot run alone, and the floor the
+    // GPU-slots of the windows put on the others.
+    let left_out_at_least = if infeasible.is_empty() {
+        0
+    } else {
+        let can_run: Vec<usize> = (0..n_jobs).filter(|&j| !skip[j]).collect();
+        (alone_infeasible.len() + crowding::left_out_floor(&problem, &can_run))
+            .min(infeasible.len())
+    };
     let metrics = Metrics {
         status: status.to_string(),
         emissions_g: evaluation.emissions_g,
@@ -1488,6 +1498,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         surplus_available_kwh: problem.surplus_available_kwh(),
         migrations: evaluation.migrations.len(),
         infeasible_jobs: infeasible,
+        left_out_at_least,
         solve_seconds: 0.0,
         method,
     };

@@ -89,6 +89,11 @@ pub struct Metrics {
     pub migrations: usize,
     /// Jobs that cannot be served, with reasons.
     pub infeasible_jobs: Vec<Infeasible>,
+    /// How many jobs every plan leaves out, at least: those that cannot run alone, and those
+    /// that the GPU-slots of their windows cannot hold even at their least needs (0 when the
+    /// plan serves every job).
+    #[serde(default)]
+    pub left_out_at_least: usize,
     /// Wall time spent solving, seconds.
     pub solve_seconds: f64,
     /// Which algorithm produced the plan.

@@ -275,3 +275,54 @@ fn demo_prints_the_summary_and_writes_the_report() {
     );
     assert!(dir.path().join("windfall-demo.db").exists());
 }
+
+/// A fleet too busy for its jobs: one site of 2 GPUs over 8 hourly slots, five 2-hour jobs
+/// due in the first 4 slots and three 3-hour jobs in the last 4. `solve` says how many it
+/// leaves out and how many every plan must (one of each half), in its table and its JSON.
+#[test]
+fn solve_says_how_many_jobs_every_plan_leaves_out() {
+    let hour = |h: usize| format!("2023-06-01T{h:02}:00:00Z");
+    let job = |i: usize, work: f64, release: usize, deadline: usize| {
+        serde_json::json!({
+            "id": format!("job-{i}"), "gpus": 1, "work_hours": work,
+            "release_utc": hour(release), "deadline_utc": hour(deadline),
+            "checkpoint_gb": 10.0, "migratable": false, "home_site": "site-0"
+        })
+    };
+    let jobs: Vec<serde_json::Value> = (0..5)
+        .map(|i| job(i, 2.0, 0, 4))
+        .chain((5..8).map(|i| job(i, 3.0, 4, 8)))
+        .collect();
+    let instance = serde_json::json!({
+        "start_utc": "2023-06-01T00:00:00Z", "slot_minutes": 60, "slots": 8,
+        "gpu_models": { "H100": { "power_levels_w": [700, 400], "throughput": [1.0, 0.78],
+                                  "speed": 1.0, "idle_w": 50 } },
+        "sites": [{ "id": "site-0", "gpus": { "H100": 2 }, "pue": 1.2,
+                    "surplus_kw": vec![0.0; 8], "carbon_g_per_kwh": vec![300.0; 8] }],
+        "jobs": jobs
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.json");
+    std::fs::write(&path, instance.to_string()).unwrap();
+    let out = windfall([
+        OsStr::new("solve"),
+        OsStr::new("--instance"),
+        path.as_os_str(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("left out          2 job(s); every plan leaves out at least 2"),
+        "{stdout}"
+    );
+    let out = windfall([
+        OsStr::new("solve"),
+        OsStr::new("--json"),
+        OsStr::new("--instance"),
+        path.as_os_str(),
+    ]);
+    let metrics: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(metrics["status"], "partial");
+    assert_eq!(metrics["infeasible_jobs"].as_array().map(Vec::len), Some(2));
+    assert_eq!(metrics["left_out_at_least"], 2);
+}
