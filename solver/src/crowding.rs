@@ -11,14 +11,18 @@
 //! taken smallest first: the rest are left out by every plan. The work measure sees slower
 //! GPU models, which give a slot less work than the fastest. Spans that do not overlap hold
 //! different jobs and different GPU-slots, so their shortfalls add up; the floor is the
-//! largest sum over spans that do not overlap, a dynamic programme over the spans' ends (slots
-//! squared spans, each judged over the needs of the jobs inside it). Grid limits, power and
-//! the pools' split by site are left out, so the floor is a true one but may lie below the
-//! least number any plan leaves out.
+//! largest sum over spans that do not overlap, a dynamic programme over the spans' ends (the
+//! spans from a window's start to a window's end, each judged over the jobs inside it). Grid
+//! limits, power and the pools' split by site are left out, so the floor is a true one but may
+//! lie below the least number any plan leaves out.
 //!
 //! It must not perform I/O or read the clock, and changes no plan.
 
 use crate::problem::Problem;
+
+/// Most (job, span) pairs the floor scans before it judges spans on a coarser grid of slots
+/// (about 0.35 s for 10,000 jobs over 192 slots, judged slot by slot).
+const MOST_JOB_SPANS: f64 = 2e8;
 
 /// A job's least use of a span's capacity, in two measures.
 #[derive(Clone, Copy)]
@@ -35,6 +39,11 @@ struct Need {
 /// fit its capacity even at their least needs. Jobs without a window or a pool are not
 /// counted (the caller reports them as unable to run alone).
 pub(crate) fn left_out_floor(problem: &Problem, jobs: &[usize]) -> usize {
+    floor_within(problem, jobs, MOST_JOB_SPANS)
+}
+
+/// [`left_out_floor`] scanning about `most_job_spans` (job, span) pairs at most.
+fn floor_within(problem: &Problem, jobs: &[usize], most_job_spans: f64) -> usize {
     let n_slots = problem.n_slots;
     // Each pool's most work per GPU in one slot, h.
     let pool_work_h: Vec<f64> = (0..problem.pools.len())
@@ -92,9 +101,31 @@ pub(crate) fn left_out_floor(problem: &Problem, jobs: &[usize]) -> usize {
     let mut by_work: Vec<usize> = (0..counted.len()).collect();
     by_work.sort_by(|&x, &y| counted[x].1.work_h.total_cmp(&counted[y].1.work_h));
     // shortfall[a][b]: jobs inside [a, b) that its capacity cannot hold.
+    // On long horizons with many jobs the spans begin and end on a coarser grid of `step`
+    // slots, each window widened to it: a wider span holds the jobs of a narrower one with
+    // more capacity, so the floor stays true and its cost stays near MOST_JOB_SPANS scans.
+    let spans = (n_slots * n_slots / 2).max(1) as f64;
+    let step = ((spans * counted.len() as f64 / most_job_spans)
+        .sqrt()
+        .ceil() as usize)
+        .max(1);
+    if step > 1 {
+        for (window, _, _) in &mut counted {
+            *window = window.start / step * step..(window.end.div_ceil(step) * step).min(n_slots);
+        }
+    }
+    // Only spans that begin where a job's window does and end where one's does are judged: any
+    // other holds the same jobs as the narrowest such span inside it, with more capacity.
+    let mut starts = vec![false; n_slots + 1];
+    for (window, _, _) in &counted {
+        starts[window.start] = true;
+    }
     let mut shortfall = vec![vec![0usize; n_slots + 1]; n_slots + 1];
     let mut usable = vec![false; problem.pools.len()];
     for (a, row) in shortfall.iter_mut().enumerate() {
+        if !starts[a] {
+            continue;
+        }
         // The jobs that start at a or later, in each order.
         let later = |order: &[usize]| -> Vec<usize> {
             order
@@ -122,7 +153,7 @@ pub(crate) fn left_out_floor(problem: &Problem, jobs: &[usize]) -> usize {
                     }
                 }
             }
-            if inside == 0 {
+            if ending[b].is_empty() || inside == 0 {
                 continue;
             }
             let span = b - a;
@@ -216,6 +247,8 @@ mod tests {
         assert_eq!(left_out_floor(&problem, &all), 2);
         let first_half: Vec<usize> = (0..5).collect();
         assert_eq!(left_out_floor(&problem, &first_half), 1);
+        // On a grid coarser than the horizon the one span left holds 7 of the 19 hours' jobs.
+        assert_eq!(floor_within(&problem, &all, 1.0), 1);
         let solution = solve(&instance, &SolveOptions::default());
         assert_eq!(solution.metrics.status, "partial");
         assert_eq!(solution.metrics.infeasible_jobs.len(), 2);
