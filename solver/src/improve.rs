@@ -324,12 +324,9 @@ impl<'p> State<'p> {
             let mut sites = target.iter().map(|r| problem.pools[r.pool].site);
             let first = sites.next();
             tried = first.filter(|&s| sites.all(|other| other == s));
-            self.journal = Some(Vec::new());
-            if self.admit_to(problem, job, target, ADMIT_DEPTH) {
-                self.journal = None;
+            if self.try_admit_to(problem, job, target) {
                 return true;
             }
-            self.roll_back(problem);
         }
         if every_site {
             // The same move at each other site in turn, where the job would be cheapest there
@@ -342,15 +339,23 @@ impl<'p> State<'p> {
                 self.residual.sites = Some((0..n_sites).map(|s| s == site).collect());
                 let target = self.overbooked(problem, job);
                 self.residual.sites = None;
-                let Some(target) = target else { continue };
-                self.journal = Some(Vec::new());
-                if self.admit_to(problem, job, target, ADMIT_DEPTH) {
-                    self.journal = None;
+                if target.is_some_and(|target| self.try_admit_to(problem, job, target)) {
                     return true;
                 }
-                self.roll_back(problem);
             }
         }
+        false
+    }
+
+    /// [`State::admit_to`] at `target` with the full depth, kept whole or not at all: on
+    /// failure every change it made is rolled back.
+    fn try_admit_to(&mut self, problem: &Problem, job: usize, target: Vec<Slot>) -> bool {
+        self.journal = Some(Vec::new());
+        if self.admit_to(problem, job, target, ADMIT_DEPTH) {
+            self.journal = None;
+            return true;
+        }
+        self.roll_back(problem);
         false
     }
 
