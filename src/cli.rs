@@ -312,7 +312,8 @@ pub enum BenchCommand {
     },
     /// Build seeded instances from the public traces at sizes S (50 jobs x 4 sites x 48 slots),
     /// M (1,000 x 12 x 96) and L (10,000 x 50 x 192); solve each with windfall and, on S and M,
-    /// with the direct MILP; print emissions, bound, gap, wall time and peak memory. Each size
+    /// with the direct MILP; check each plan with the independent validator (a plan that fails
+    /// it fails the size); print emissions, bound, gap, wall time and peak memory. Each size
     /// runs in a child process.
     Solver {
         /// Sizes to run, comma-separated: S (5 s limit), M (30 s; direct MILP 120 s), L (300 s;

@@ -259,21 +259,59 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn figures(instance: &windfall_solver::Instance, options: &SolveOptions) -> Figures {
+/// Checks `solution`'s plan with the independent validator: an error, naming `who`, when the
+/// plan breaks a constraint or its emissions are not the ones the validator recomputes.
+pub fn check_plan(
+    instance: &windfall_solver::Instance,
+    solution: &windfall_solver::Solution,
+    who: &str,
+) -> Result<()> {
+    let check = windfall_solver::validate(instance, &solution.plan);
+    if !check.valid {
+        bail!(
+            "{who}'s plan fails the independent validator with {} violation(s), the first: {}",
+            check.violations.len(),
+            check.violations.first().map_or("", String::as_str)
+        );
+    }
+    let claimed_g = solution.metrics.emissions_g;
+    if (check.emissions_g - claimed_g).abs() > EMISSIONS_AGREE_G.max(1e-6 * claimed_g) {
+        bail!(
+            "{who}'s plan emits {:.3} g by the independent validator's count, {claimed_g:.3} g by \
+             its own",
+            check.emissions_g
+        );
+    }
+    Ok(())
+}
+
+/// Solves `instance` and, after the clock stops, checks the plan ([`check_plan`]): a plan that
+/// fails fails the size rather than print figures for it.
+fn figures(
+    instance: &windfall_solver::Instance,
+    options: &SolveOptions,
+    who: &str,
+) -> Result<Figures> {
     let started = Instant::now();
     let solution = solve(instance, options);
+    let wall_s = started.elapsed().as_secs_f64();
+    check_plan(instance, &solution, who)?;
     let m = &solution.metrics;
-    Figures {
+    Ok(Figures {
         emissions_kg: m.emissions_g / 1000.0,
         lower_bound_kg: m.lower_bound_g / 1000.0,
         gap: m.gap,
         unserved: m.infeasible_jobs.len(),
         unserved_at_least: m.left_out_at_least,
-        wall_s: started.elapsed().as_secs_f64(),
+        wall_s,
         method: m.method.clone(),
         gap_breakdown: solution.gap_breakdown,
-    }
+    })
 }
+
+/// Grams by which the solver's and the validator's emissions may differ (float sums in
+/// different orders), or a millionth of the plan's, whichever is more.
+const EMISSIONS_AGREE_G: f64 = 0.01;
 
 /// A folder removed when dropped.
 struct TempDir(PathBuf);
@@ -333,7 +371,8 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
             progress: windfall_solver::Progress::default(),
             ..timed_options(size.limit_s)
         },
-    );
+        "windfall",
+    )?;
     let peak_mib = peak_rss_mib();
     // Said at once, so a direct MILP that overruns its limit does not hide windfall's figures.
     eprintln!(
@@ -372,19 +411,24 @@ pub fn run_size(size: &Size, run: &RunOptions) -> Result<SizeResult> {
             b.whole_gpus_g / 1000.0
         );
     }
-    let direct = size.direct_limit_s.filter(|_| run.direct).map(|limit_s| {
-        figures(
-            &instance,
-            &SolveOptions {
-                time_limit_s: limit_s,
-                mip_rel_gap: 1e-3,
-                method: Method::DirectMilp,
-                // Its limit counts from the start, model build included, as windfall's does.
-                stop: stop_after(limit_s),
-                ..SolveOptions::default()
-            },
-        )
-    });
+    let direct = size
+        .direct_limit_s
+        .filter(|_| run.direct)
+        .map(|limit_s| {
+            figures(
+                &instance,
+                &SolveOptions {
+                    time_limit_s: limit_s,
+                    mip_rel_gap: 1e-3,
+                    method: Method::DirectMilp,
+                    // Its limit counts from the start, model build included, as windfall's does.
+                    stop: stop_after(limit_s),
+                    ..SolveOptions::default()
+                },
+                "the direct MILP",
+            )
+        })
+        .transpose()?;
     Ok(SizeResult {
         size: size.label(),
         shape: format!("{} x {} x {}", size.jobs, size.sites, size.slots),

@@ -971,3 +971,35 @@ fn jobs_left_out_are_served_part_way_through_a_budgeted_search_under_a_true_boun
     );
     assert!(best <= m.objective_g + 1e-6 * best.abs(), "{m:?}");
 }
+
+#[test]
+fn the_benchmark_refuses_a_plan_the_validator_does_not_confirm() {
+    let instance = random_instance(3, 8, 2, 24);
+    let solution = solve(
+        &instance,
+        &SolveOptions {
+            time_limit_s: 10.0,
+            ..exact()
+        },
+    );
+    windfall::solver_bench::check_plan(&instance, &solution, "windfall").unwrap();
+    // Emissions the plan does not give.
+    let mut claimed = solution.clone();
+    claimed.metrics.emissions_g -= 5.0;
+    let err = windfall::solver_bench::check_plan(&instance, &claimed, "windfall")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("independent validator's count"), "{err}");
+    // A served job's runs taken out: it no longer finishes its work.
+    let mut broken = solution.clone();
+    let job = broken.plan.assignments[0].job.clone();
+    broken.plan.assignments.retain(|a| a.job != job);
+    let err = windfall::solver_bench::check_plan(&instance, &broken, "the direct MILP")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("the direct MILP's plan fails the independent validator"),
+        "{err}"
+    );
+    assert!(err.contains(&job), "{err}");
+}
