@@ -70,6 +70,15 @@ const DUAL_ROUND_ITERATIONS: usize = 100;
 /// Above this many jobs, `Auto` skips column generation and the compact LP bound: the
 /// heuristic plans, the Lagrangian dual bounds it and prices guide its improvement.
 const LARGE_JOBS: usize = 200;
+/// Above this many run variables, a fleet on column generation's path under a caller's budget
+/// spends what column generation and the master LP leave on the large fleets' steps (column
+/// exchange, site MILPs, randomised search) instead of RINS, the neighbourhood MILPs and the
+/// exact MILP in the time left. Rationale (docs/benchmarks.md, "Medium fleets"): on seven
+/// 110-200-job draws of 4-8 sites (20,000-47,000 run variables) those steps gave plans 0.05-2.6 %
+/// lower in 30 s on six and 0.02 % higher on one; on four 70-120-job draws of 2-4 sites (5,000-
+/// 13,000), where the MILPs reach further, 0.7 % lower to 0.8 % higher. S (8,672) keeps its
+/// path.
+const MEDIUM_SEARCH_RUN_VARIABLES: usize = 20_000;
 /// Above this many run variables (job x slot x pool x power level within the jobs' windows),
 /// `Auto` takes the large-instance path too, whatever the number of jobs: column generation's
 /// pricing and the compact LP grow with them (measured in `docs/benchmarks.md`).
@@ -425,8 +434,9 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     };
     let left_s = || budget.left_s();
     // A fleet too large for column generation and the compact LP, whatever the method.
-    let large_size = skip.iter().filter(|s| !**s).count() > LARGE_JOBS
-        || run_variables(&problem, &skip) > LARGE_RUN_VARIABLES;
+    let n_run_variables = run_variables(&problem, &skip);
+    let large_size =
+        skip.iter().filter(|s| !**s).count() > LARGE_JOBS || n_run_variables > LARGE_RUN_VARIABLES;
     let large =
         options.method == Method::Lagrangian || (options.method == Method::Auto && large_size);
     // A large fleet under a caller's budget: its local search gets a share of the budget for
@@ -502,6 +512,13 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     } else {
         full_milp_share
     };
+    // A medium fleet with many run variables under a caller's budget: after column generation
+    // and the master LP it takes the large fleets' steps (column exchange, site MILPs,
+    // randomised search) instead of RINS and the neighbourhood MILPs.
+    let medium_search = use_colgen
+        && options.stop.passed().is_some()
+        && n_run_variables > MEDIUM_SEARCH_RUN_VARIABLES;
+    let budgeted_search = budgeted_search || medium_search;
     // The compact LP relaxation that RINS fixes against needs only the served jobs, so it
     // starts on a core that column generation's pricing leaves idle (up to 127 jobs it prices
     // on one thread) while column generation and the master LP run. Rationale: on S RINS then
@@ -509,6 +526,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // machines; beside pricing on both cores (200 jobs) it found nothing and added 500 MiB to the
     // peak.
     let mut early_compact = (use_colgen
+        && !medium_search
         && options.bound
         && lagrange::pricing_threads(n_included)
             < std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -1021,9 +1039,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     let mut midway_unserved: Option<Vec<(usize, String)>> = None;
     if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
         // On large fleets under a budget, the site MILPs re-time and re-cap each site's jobs
-        // first, in a share of the time left; the local search gets the rest. (On medium
-        // ones the restricted master, RINS and the exact MILP in the time left re-plan every
-        // job together.)
+        // first, in a share of the time left; the local search gets the rest. So do medium
+        // ones with many run variables ([`MEDIUM_SEARCH_RUN_VARIABLES`]); on the others the
+        // restricted master, RINS and the exact MILP in the time left re-plan every job
+        // together.
         if budgeted_search && !stop() {
             let step_end_s = (1.0 - EXCHANGE_SHARE) * left_s();
             let outcome = exchange::search(

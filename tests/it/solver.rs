@@ -1003,3 +1003,50 @@ fn the_benchmark_refuses_a_plan_the_validator_does_not_confirm() {
     );
     assert!(err.contains(&job), "{err}");
 }
+
+#[test]
+fn medium_fleets_under_a_budget_take_the_large_fleets_steps_after_the_master() {
+    // 150 jobs on 8 sites over 48 slots: column generation's path, with more run variables
+    // than the exact MILPs reach in a budget (12 s, so that the master LP ends well inside it
+    // with other tests running beside it). After the master LP it runs the column exchange,
+    // the site MILPs and the randomised search, not the compact LP and RINS. 60 jobs on 6 sites
+    // under the same budget keep the small fleets' steps. Either way the plan validates under
+    // a true bound.
+    let run = |instance: &Instance, limit_s: f64| {
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = said.clone();
+        let solution = solve(
+            instance,
+            &SolveOptions {
+                time_limit_s: limit_s,
+                stop: windfall::solver_bench::stop_after(limit_s),
+                progress: windfall_solver::Progress::new(move |m| {
+                    log.lock().unwrap().push(m.to_string())
+                }),
+                ..SolveOptions::default()
+            },
+        );
+        let check = validate(instance, &solution.plan);
+        assert!(check.valid, "{:?}", check.violations);
+        let m = &solution.metrics;
+        assert!(m.method.contains("column generation"), "{m:?}");
+        assert!(
+            m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g + 1e-6,
+            "{m:?}"
+        );
+        said.lock().unwrap().clone()
+    };
+    let step = |said: &[String], name: &str| said.iter().any(|m| m.starts_with(name));
+    let said = run(&random_instance(31, 150, 8, 48), 12.0);
+    assert!(
+        step(&said, "column exchange:") && step(&said, "site MILPs:"),
+        "{said:?}"
+    );
+    assert!(
+        !step(&said, "LP relaxation") && !step(&said, "RINS"),
+        "{said:?}"
+    );
+    let said = run(&random_instance(31, 60, 6, 48), 6.0);
+    assert!(!step(&said, "column exchange:"), "{said:?}");
+    assert!(step(&said, "LP relaxation"), "{said:?}");
+}
