@@ -514,7 +514,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     };
     // A medium fleet with many run variables under a caller's budget: after column generation
     // and the master LP it takes the large fleets' steps (column exchange, site MILPs,
-    // randomised search) instead of RINS and the neighbourhood MILPs.
+    // randomised search) instead of the compact LP, RINS, the neighbourhood MILPs and the exact
+    // MILP in the time left.
     let medium_search = use_colgen
         && options.stop.passed().is_some()
         && n_run_variables > MEDIUM_SEARCH_RUN_VARIABLES;

@@ -1010,7 +1010,7 @@ fn medium_fleets_under_a_budget_take_the_large_fleets_steps_after_the_master() {
     // than the exact MILPs reach in a budget (12 s, so that the master LP ends well inside it
     // with other tests running beside it). After the master LP it runs the column exchange,
     // the site MILPs and the randomised search, not the compact LP and RINS. 60 jobs on 6 sites
-    // under the same budget keep the small fleets' steps. Either way the plan validates under
+    // (fewer run variables) under a 6 s budget keep the small fleets' steps. Either way the plan validates under
     // a true bound.
     let run = |instance: &Instance, limit_s: f64| {
         let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
