@@ -695,6 +695,12 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // costs less and the validator accepts it.
     let unserved = unserved;
     let fixed_served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+    // The jobs column generation's bound covers.
+    let heuristic_served: Vec<bool> = heuristic_schedule
+        .runs
+        .iter()
+        .map(Option::is_some)
+        .collect();
     let improves = |candidate: &Schedule, chosen: &Schedule| {
         problem.evaluate(candidate).objective_g < problem.evaluate(chosen).objective_g
             && validate(instance, &problem.to_plan(candidate, &named(&unserved))).valid
@@ -1038,7 +1044,42 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // search or at the end), and the jobs still left out after the search's part-way admission.
     let mut late_admitted = false;
     let mut midway_unserved: Option<Vec<(usize, String)>> = None;
-    if !matches!(options.method, Method::Heuristic | Method::DirectMilp) && !proven_optimal {
+    // Whether a bound so far over the jobs `chosen` serves (column generation's over the jobs
+    // the heuristic served, the Lagrangian's over those fixed above, `compact`'s over its own)
+    // proves `chosen` within the caller's gap target: the steps below only lower the plan, so
+    // they stop there, as a MILP stops at its gap.
+    let target_met = |chosen: &Schedule, compact: Option<&CompactLp>| {
+        let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
+        let objective = problem.evaluate(chosen).objective_g;
+        [
+            colgen_bound.filter(|_| heuristic_served == served),
+            dual_bound.filter(|_| fixed_served == served),
+            compact
+                .filter(|c| c.served == served)
+                .and_then(|c| c.bound_g),
+        ]
+        .into_iter()
+        .flatten()
+        .any(|bound| objective - bound <= options.mip_rel_gap * objective.abs())
+    };
+    // Once the steps below find the target met: the seconds into the caller's budget then, if
+    // it has a clock.
+    let mut met_at: Option<Option<f64>> = None;
+    let mut meets = |chosen: &Schedule, compact: Option<&CompactLp>| {
+        if met_at.is_none() && target_met(chosen, compact) {
+            met_at = Some(
+                options
+                    .stop
+                    .passed()
+                    .map(|share| share * options.time_limit_s),
+            );
+        }
+        met_at.is_some()
+    };
+    if !matches!(options.method, Method::Heuristic | Method::DirectMilp)
+        && !proven_optimal
+        && !meets(&chosen, None)
+    {
         // On large fleets under a budget, the site MILPs re-time and re-cap each site's jobs
         // first, in a share of the time left; the local search gets the rest. So do medium
         // ones with many run variables ([`MEDIUM_SEARCH_RUN_VARIABLES`]); on the others the
@@ -1063,7 +1104,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             }
             progress.report(|| format!("column exchange: {:.3} kg", kg(&chosen)));
         }
-        if budgeted_search && !stop() {
+        if budgeted_search && !stop() && !meets(&chosen, None) {
             let outcome = sites::search(
                 &problem,
                 &chosen,
@@ -1106,21 +1147,23 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
             _ => search_end,
         };
         let congestion = best_prices.as_ref().map(|p| p.gpu.as_slice());
-        let local = improve::improve(
-            &problem,
-            &chosen,
-            congestion,
-            &|| options.stop.at(first_end),
-            ruins,
-            !budgeted_search,
-            &[],
-        );
-        if local.gain_g > 0.0 && improves(&local.schedule, &chosen) {
-            chosen = local.schedule;
-            method = format!("{method}, then {} local-search move(s)", local.moves);
+        if !meets(&chosen, None) {
+            let local = improve::improve(
+                &problem,
+                &chosen,
+                congestion,
+                &|| options.stop.at(first_end),
+                ruins,
+                !budgeted_search,
+                &[],
+            );
+            if local.gain_g > 0.0 && improves(&local.schedule, &chosen) {
+                chosen = local.schedule;
+                method = format!("{method}, then {} local-search move(s)", local.moves);
+            }
+            progress.report(|| format!("local search: {:.3} kg", kg(&chosen)));
         }
-        progress.report(|| format!("local search: {:.3} kg", kg(&chosen)));
-        if admit_midway && !options.stop.at(search_end) {
+        if admit_midway && !options.stop.at(search_end) && !meets(&chosen, None) {
             let search_stop = || options.stop.at(search_end);
             let mut still_out = unserved.clone();
             let mut admitted_now: Vec<usize> = Vec::new();
@@ -1171,7 +1214,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // RINS: the compact LP relaxation over the served jobs (also the plan's bound, below),
         // then the MILP over the runs on which it and the plan disagree, while that improves.
         let mut rins_share = 0.0;
-        if !large && options.bound && !stop() {
+        if !large && options.bound && !stop() && !meets(&chosen, None) {
             let served: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let bounded = milp_bound.is_some() || colgen_bound.is_some() || dual_bound.is_some();
             compact = compact_over(&mut early_compact, &served, bounded, left_s());
@@ -1197,7 +1240,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 };
                 let mut improvements = 0;
                 for _ in 0..RINS_ROUNDS {
-                    if stop() {
+                    if stop() || meets(&chosen, compact.as_ref()) {
                         break;
                     }
                     rins_share += RINS_SHARE;
@@ -1240,7 +1283,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // leaves after the neighbourhoods is shorter than NEIGHBOURHOODS_ALL_BELOW_S, they get
         // all of what is left (each solve within it) rather than leaving it to an exact MILP
         // too short to finish its root.
-        let budget_s = if large {
+        let budget_s = if large || meets(&chosen, compact.as_ref()) {
             0.0
         } else {
             let share_s = options.time_limit_s
@@ -1270,7 +1313,11 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // plan: HiGHS's cuts and branching give a bound that sees integrality, which the master
         // LP cannot, and sometimes a better plan.
         let time_left_s = left_s();
-        if !large && options.bound && time_left_s.is_finite() && time_left_s >= LEFTOVER_MILP_MIN_S
+        if !large
+            && options.bound
+            && time_left_s.is_finite()
+            && time_left_s >= LEFTOVER_MILP_MIN_S
+            && !meets(&chosen, compact.as_ref())
         {
             let served_now: Vec<bool> = chosen.runs.iter().map(Option::is_some).collect();
             let config = milp::MilpConfig {
@@ -1302,6 +1349,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 )
             });
         }
+    }
+    if let Some(at_s) = met_at {
+        let at = at_s.map_or(String::new(), |s| format!(" at {s:.1} s"));
+        method = format!("{method}, then the gap target met{at}");
+        progress.report(|| {
+            format!(
+                "gap target met{at}: {:.3} kg; the steps that only lower the plan are skipped",
+                kg(&chosen)
+            )
+        });
     }
     // The jobs still left out get one more try now that the search has moved the others: the
     // first plan's crowding that kept them out may be gone. Only where serving a job can only
@@ -1366,12 +1423,16 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
     // once the jobs left out were fixed, which the later steps keep served; the exact MILP in
     // the time left the jobs it was given.
     let all_included_served = (0..n_jobs).all(|j| skip[j] || served[j]);
-    let heuristic_served: Vec<bool> = heuristic_schedule
-        .runs
-        .iter()
-        .map(Option::is_some)
-        .collect();
-    let group_bound = group_thread.and_then(GroupThread::finish);
+    // Once the gap target is met the groups' bound is not waited for: the thread starts no
+    // further MILP and ends with the one it is in.
+    let group_bound = group_thread.and_then(|thread| {
+        if met_at.is_some() {
+            thread.abandon();
+            None
+        } else {
+            thread.finish()
+        }
+    });
     if let Some((group, _)) = &group_bound {
         progress.report(|| {
             format!(
@@ -1442,6 +1503,10 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         && !large_size
         // A Lagrangian path forced on a smaller fleet keeps its own bound.
         && (!large || dual_bound.is_none())
+        // Bounds that meet the gap target already need no LP.
+        && !lower_bound_g.is_some_and(|bound| {
+            evaluation.objective_g - bound <= options.mip_rel_gap * evaluation.objective_g.abs()
+        })
     {
         let lp_bound = match compact {
             Some(lp) if lp.served == served => lp.bound_g,
@@ -1558,6 +1623,11 @@ impl GroupThread {
     fn finish(self) -> Option<(subsets::GroupBound, Vec<bool>)> {
         self.done.store(true, std::sync::atomic::Ordering::Relaxed);
         self.handle.join().ok().flatten()
+    }
+
+    /// Tells it to start no other MILP, without waiting for the one it is in.
+    fn abandon(self) {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -1050,3 +1050,61 @@ fn medium_fleets_under_a_budget_take_the_large_fleets_steps_after_the_master() {
     assert!(!step(&said, "column exchange:"), "{said:?}");
     assert!(step(&said, "LP relaxation"), "{said:?}");
 }
+
+#[test]
+fn a_solve_stops_once_its_bound_meets_the_gap_target() {
+    // 40 jobs on 4 sites (seed 6): column generation leaves the plan about 3 % above its bound,
+    // the master LP and the Lagrangian rounds within 1 %. With a 2 % target the solve stops
+    // there, says so, and skips the steps that only lower the plan (local search, the LP
+    // relaxation, RINS, the MILPs); with 0.1 % it goes on to them. Either way the plan validates
+    // and its gap is true.
+    let instance = random_instance(6, 40, 4, 48);
+    let run = |gap: f64| {
+        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = said.clone();
+        let solution = solve(
+            &instance,
+            &SolveOptions {
+                time_limit_s: 10.0,
+                mip_rel_gap: gap,
+                stop: windfall::solver_bench::stop_after(10.0),
+                progress: windfall_solver::Progress::new(move |m| {
+                    log.lock().unwrap().push(m.to_string())
+                }),
+                ..SolveOptions::default()
+            },
+        );
+        let check = validate(&instance, &solution.plan);
+        assert!(check.valid, "{:?}", check.violations);
+        let m = solution.metrics.clone();
+        assert!(
+            m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g + 1e-6,
+            "{m:?}"
+        );
+        let said = said.lock().unwrap().clone();
+        (m, said)
+    };
+    let step = |said: &[String], name: &str| said.iter().any(|m| m.starts_with(name));
+    let (m, said) = run(0.02);
+    assert!(m.gap <= 0.02 && m.status == "optimal", "{m:?}");
+    assert!(m.method.contains("the gap target met at"), "{m:?}");
+    assert!(
+        step(&said, "column generation:") && step(&said, "gap target met at"),
+        "{said:?}"
+    );
+    for skipped in [
+        "local search",
+        "LP relaxation",
+        "RINS",
+        "neighbourhood",
+        "exact MILP",
+    ] {
+        assert!(!step(&said, skipped), "{skipped}: {said:?}");
+    }
+    let (m, said) = run(0.001);
+    assert!(!m.method.contains("gap target met"), "{m:?}");
+    assert!(
+        step(&said, "local search") && step(&said, "LP relaxation"),
+        "{said:?}"
+    );
+}
