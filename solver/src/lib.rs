@@ -605,7 +605,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                 }
                 if let Some(bound) = colgen_bound {
                     let objective = problem.evaluate(&chosen).objective_g;
-                    proven_optimal = objective - bound <= options.mip_rel_gap * objective.abs();
+                    proven_optimal = within_gap(objective, bound, options.mip_rel_gap);
                 }
                 progress.report(|| {
                     format!(
@@ -787,7 +787,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     }
                     let proven = dual_bound.is_some_and(|b| {
                         let objective = problem.evaluate(&chosen).objective_g;
-                        objective - b <= options.mip_rel_gap * objective.abs()
+                        within_gap(objective, b, options.mip_rel_gap)
                     });
                     if !proven && !stop() {
                         restricted_share = RESTRICTED_MILP_SHARE;
@@ -890,7 +890,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
                     kg(&chosen)
                 )
             });
-            if current - bound <= options.mip_rel_gap * current.abs() {
+            if within_gap(current, bound, options.mip_rel_gap) {
                 break;
             }
             let step_gone = scale < lagrange::MIN_STEP_SCALE;
@@ -1080,7 +1080,7 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         ]
         .into_iter()
         .flatten()
-        .any(|bound| objective - bound <= options.mip_rel_gap * objective.abs())
+        .any(|bound| within_gap(objective, bound, options.mip_rel_gap))
     };
     // Once the steps below find the target met: the seconds into the caller's budget then, if
     // it has a clock.
@@ -1524,9 +1524,8 @@ pub fn solve(instance: &Instance, options: &SolveOptions) -> Solution {
         // A Lagrangian path forced on a smaller fleet keeps its own bound.
         && (!large || dual_bound.is_none())
         // Bounds that meet the gap target already need no LP.
-        && !lower_bound_g.is_some_and(|bound| {
-            evaluation.objective_g - bound <= options.mip_rel_gap * evaluation.objective_g.abs()
-        })
+        && !lower_bound_g
+            .is_some_and(|bound| within_gap(evaluation.objective_g, bound, options.mip_rel_gap))
     {
         let lp_bound = match compact {
             Some(lp) if lp.served == served => lp.bound_g,
@@ -1705,6 +1704,11 @@ fn spawn_group_bound(
         .map(|group| (group, served))
     });
     Some(GroupThread { handle, done })
+}
+
+/// Whether `bound_g` proves a plan of `objective_g` within the relative gap `rel_gap`.
+fn within_gap(objective_g: f64, bound_g: f64, rel_gap: f64) -> bool {
+    objective_g - bound_g <= rel_gap * objective_g.abs()
 }
 
 /// A step's share of a caller's budget, seconds, or all that is left (`left_s`) when the share

@@ -1004,6 +1004,39 @@ fn the_benchmark_refuses_a_plan_the_validator_does_not_confirm() {
     assert!(err.contains(&job), "{err}");
 }
 
+/// Solves `instance` under a `limit_s` budget at relative gap `gap`, with the solver's progress
+/// messages recorded; checks that the plan validates under a true bound, and returns its
+/// metrics and the messages.
+fn solve_told(
+    instance: &Instance,
+    limit_s: f64,
+    gap: f64,
+) -> (windfall_solver::Metrics, Vec<String>) {
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = said.clone();
+    let solution = solve(
+        instance,
+        &SolveOptions {
+            time_limit_s: limit_s,
+            mip_rel_gap: gap,
+            stop: windfall::solver_bench::stop_after(limit_s),
+            progress: windfall_solver::Progress::new(move |m| {
+                log.lock().unwrap().push(m.to_string())
+            }),
+            ..SolveOptions::default()
+        },
+    );
+    let check = validate(instance, &solution.plan);
+    assert!(check.valid, "{:?}", check.violations);
+    let m = solution.metrics;
+    assert!(
+        m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g + 1e-6,
+        "{m:?}"
+    );
+    let said = said.lock().unwrap().clone();
+    (m, said)
+}
+
 #[test]
 fn medium_fleets_under_a_budget_take_the_large_fleets_steps_after_the_master() {
     // 150 jobs on 8 sites over 48 slots: column generation's path, with more run variables
@@ -1013,28 +1046,9 @@ fn medium_fleets_under_a_budget_take_the_large_fleets_steps_after_the_master() {
     // (fewer run variables) under a 6 s budget keep the small fleets' steps. Either way the plan validates under
     // a true bound.
     let run = |instance: &Instance, limit_s: f64| {
-        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let log = said.clone();
-        let solution = solve(
-            instance,
-            &SolveOptions {
-                time_limit_s: limit_s,
-                stop: windfall::solver_bench::stop_after(limit_s),
-                progress: windfall_solver::Progress::new(move |m| {
-                    log.lock().unwrap().push(m.to_string())
-                }),
-                ..SolveOptions::default()
-            },
-        );
-        let check = validate(instance, &solution.plan);
-        assert!(check.valid, "{:?}", check.violations);
-        let m = &solution.metrics;
+        let (m, said) = solve_told(instance, limit_s, SolveOptions::default().mip_rel_gap);
         assert!(m.method.contains("column generation"), "{m:?}");
-        assert!(
-            m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g + 1e-6,
-            "{m:?}"
-        );
-        said.lock().unwrap().clone()
+        said
     };
     let step = |said: &[String], name: &str| said.iter().any(|m| m.starts_with(name));
     let said = run(&random_instance(31, 150, 8, 48), 12.0);
@@ -1059,31 +1073,7 @@ fn a_solve_stops_once_its_bound_meets_the_gap_target() {
     // relaxation, RINS, the MILPs); with 0.1 % it goes on to them. Either way the plan validates
     // and its gap is true.
     let instance = random_instance(6, 40, 4, 48);
-    let run = |gap: f64| {
-        let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let log = said.clone();
-        let solution = solve(
-            &instance,
-            &SolveOptions {
-                time_limit_s: 10.0,
-                mip_rel_gap: gap,
-                stop: windfall::solver_bench::stop_after(10.0),
-                progress: windfall_solver::Progress::new(move |m| {
-                    log.lock().unwrap().push(m.to_string())
-                }),
-                ..SolveOptions::default()
-            },
-        );
-        let check = validate(&instance, &solution.plan);
-        assert!(check.valid, "{:?}", check.violations);
-        let m = solution.metrics.clone();
-        assert!(
-            m.lower_bound_g > 0.0 && m.lower_bound_g <= m.objective_g + 1e-6,
-            "{m:?}"
-        );
-        let said = said.lock().unwrap().clone();
-        (m, said)
-    };
+    let run = |gap: f64| solve_told(&instance, 10.0, gap);
     let step = |said: &[String], name: &str| said.iter().any(|m| m.starts_with(name));
     let (m, said) = run(0.02);
     assert!(m.gap <= 0.02 && m.status == "optimal", "{m:?}");
